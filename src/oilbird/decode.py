@@ -1,0 +1,141 @@
+"""The one decode loop every method runs; autoregressive decoding is this loop with an empty draft.
+
+Per request: prefill, then repeat { drafter proposes a tree within the node budget; the verifier
+runs one forward and commits the greedy path plus a bonus token; the drafter observes } until a
+stop token, `max_new_tokens`, or the model's context is reached. Wall time is split into prefill,
+drafting, forward and bookkeeping; tokens committed per forward are recorded so that
+τ = Σ committed / Σ verification forwards can be pooled over a dataset. The prefill commits no
+token (the last prompt token is the first anchor), so τ excludes it by construction.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from oilbird.drafters.base import Drafter
+from oilbird.errors import PromptError
+from oilbird.verifier import TreeVerifier
+
+
+@dataclass
+class DecodeConfig:
+    """Limits of one request."""
+
+    max_new_tokens: int = 128
+    """Most tokens to generate per request (a commit that overshoots is truncated)."""
+    node_budget: int = 64
+    """Most tree nodes per verification forward, root included; drafters propose within it."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.node_budget < 1:
+            raise ValueError(f"node_budget must be >= 1, got {self.node_budget}")
+
+
+@dataclass
+class RequestResult:
+    """Output and measurements of one request."""
+
+    request_id: str
+    prompt_len: int
+    output_ids: list[int]
+    """Generated token ids, stop token included when one was produced."""
+    finish_reason: str
+    """'stop' (stop token), 'length' (max_new_tokens) or 'context' (model context full)."""
+    committed_per_forward: list[int] = field(default_factory=list)
+    """Tokens committed by each verification forward (after truncation to the limit)."""
+    nodes_per_forward: list[int] = field(default_factory=list)
+    """Tree size of each verification forward, root included."""
+    accepted_sources: dict[str, int] = field(default_factory=dict)
+    """Accepted draft tokens per source tag (a token with several tags counts for each)."""
+    excess_tokens: int = 0
+    """Committed tokens dropped because they overshot max_new_tokens."""
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    forward_s: float = 0.0
+    bookkeeping_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def forwards(self) -> int:
+        """Verification forwards (the prefill is not one)."""
+        return len(self.committed_per_forward)
+
+    @property
+    def tau(self) -> float:
+        """Accepted length of this request: committed tokens per verification forward."""
+        return len(self.output_ids) / self.forwards if self.forwards else 0.0
+
+
+def check_prompt(prompt_ids: list[int], max_context: int) -> None:
+    """Raise PromptError when a prompt is empty or leaves no room in the model's context."""
+    if not prompt_ids:
+        raise PromptError("the prompt is empty: give at least one token of text")
+    if len(prompt_ids) >= max_context:
+        raise PromptError(
+            f"the prompt is {len(prompt_ids)} tokens but the model's context is {max_context} tokens; "
+            "shorten the prompt or use a model with a longer context")
+
+
+def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
+           config: DecodeConfig | None = None, *, max_context: int,
+           request_id: str = "request") -> RequestResult:
+    """Generate greedily for one request with `drafter` proposing draft trees.
+
+    Args:
+        verifier: the tree verifier over the target model.
+        drafter: any registered drafter (use "ar" for plain autoregressive decoding).
+        prompt_ids: the tokenised prompt.
+        config: limits (max_new_tokens, node budget).
+        max_context: the model's context length; generation stops when it is full.
+        request_id: a name for records and for drafters that key state by request.
+
+    Returns:
+        The generated ids and the request's measurements.
+
+    Raises:
+        PromptError: if the prompt is empty or does not fit the context.
+    """
+    config = config or DecodeConfig()
+    check_prompt(prompt_ids, max_context)
+    start = time.perf_counter()
+    result = RequestResult(request_id=request_id, prompt_len=len(prompt_ids), output_ids=[],
+                           finish_reason="length")
+    drafter.start_request(request_id, prompt_ids)
+    t = time.perf_counter()
+    state = verifier.prefill(prompt_ids)
+    result.prefill_s = time.perf_counter() - t
+    out = result.output_ids
+    try:
+        while len(out) < config.max_new_tokens:
+            # A tree of N nodes commits at most N tokens after the anchor, so the sequence
+            # (P cached + anchor + N) must stay within the context: N <= context - P - 1.
+            room = max_context - state.length - 1
+            if room < 1:
+                result.finish_reason = "context"
+                break
+            t = time.perf_counter()
+            tree = drafter.propose(min(config.node_budget, room)).truncated(min(config.node_budget, room))
+            result.draft_s += time.perf_counter() - t
+            ver = verifier.verify(state, tree)
+            result.forward_s += ver.forward_s
+            t = time.perf_counter()
+            committed = ver.committed[: config.max_new_tokens - len(out)]
+            result.excess_tokens += len(ver.committed) - len(committed)
+            out.extend(committed)
+            result.committed_per_forward.append(len(committed))
+            result.nodes_per_forward.append(len(tree))
+            for node in ver.path[: len(committed)]:
+                for source in tree.sources[node]:
+                    result.accepted_sources[source] = result.accepted_sources.get(source, 0) + 1
+            drafter.observe(ver)
+            result.bookkeeping_s += ver.bookkeeping_s + time.perf_counter() - t
+            if ver.finished and len(committed) == len(ver.committed):
+                result.finish_reason = "stop"
+                break
+    finally:
+        drafter.stop_request(request_id)
+    result.wall_s = time.perf_counter() - start
+    return result

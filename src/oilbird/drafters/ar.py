@@ -1,0 +1,17 @@
+"""Autoregressive decoding as a drafter: it drafts nothing, so every forward is one AR step."""
+
+from __future__ import annotations
+
+from oilbird.drafters.base import Drafter
+from oilbird.drafters.registry import register
+from oilbird.tree import DraftTree
+
+
+@register
+class Autoregressive(Drafter):
+    """The baseline every speedup is measured against: a tree of the anchor alone."""
+
+    name = "ar"
+
+    def propose(self, budget: int) -> DraftTree:
+        return DraftTree.root(self.anchor)

@@ -1,0 +1,67 @@
+"""The drafter protocol shared by every method.
+
+A drafter lives as long as a benchmark (or a server tenant) and serves requests one at a time:
+
+    drafter.start_request(request_id, prompt_ids)     # a new request begins
+    loop:
+        tree = drafter.propose(budget)                # a DraftTree rooted at the anchor, <= budget nodes
+        drafter.observe(verification)                 # what was committed + what the forward computed
+    drafter.stop_request(request_id)                  # the request ended (its text may join a pool)
+
+The drafter keeps its own copy of the committed sequence (prompt + output); `propose` roots its
+tree at the last committed token, the anchor. `observe` receives the full `Verification`: the
+committed tokens and, for every node of the verified tree (rejected ones included), the target's
+argmax, top-k ids and hidden state. A drafter may only use what was committed before the moment
+it proposes; the harness never shows it anything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from oilbird.tree import DraftTree
+from oilbird.verifier import Verification
+
+
+class Drafter:
+    """Base class: holds the request's committed sequence; subclasses override `propose`.
+
+    Subclasses set `name`, `Config` (a dataclass with the paper's defaults) and may override
+    `start_request`, `observe` and `stop_request`, calling `super()` to keep `self.sequence`.
+    """
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = type("NoConfig", (), {})
+
+    def __init__(self, config=None) -> None:
+        self.config = config if config is not None else self.Config()
+        self.sequence: list[int] = []
+        self.request_id: str | None = None
+
+    @property
+    def anchor(self) -> int:
+        """The last committed token: the root of the next tree."""
+        return self.sequence[-1]
+
+    def start_request(self, request_id: str, prompt_ids: list[int]) -> None:
+        """Begin serving a request whose prompt is `prompt_ids` (already committed)."""
+        self.request_id = request_id
+        self.sequence = list(prompt_ids)
+
+    def propose(self, budget: int) -> DraftTree:
+        """A draft tree rooted at the anchor with at most `budget` nodes, root included."""
+        raise NotImplementedError
+
+    def observe(self, verification: Verification) -> None:
+        """Record what the last forward committed and computed."""
+        self.sequence.extend(verification.committed)
+
+    def stop_request(self, request_id: str) -> None:
+        """The request ended; release per-request state."""
+        self.request_id = None
+
+    def describe(self) -> dict:
+        """Name and config, for benchmark records."""
+        config = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else {}
+        return {"name": self.name, "config": config}

@@ -1,0 +1,204 @@
+"""Tree verification (ALGORITHMS.md §1): one forward of a draft tree, greedy walk, KV compaction.
+
+Contract:
+- `prefill(prompt_ids)` caches the KV of every prompt token but the last; the last prompt token
+  becomes the anchor. The prefill therefore commits nothing, and every later forward is a
+  verification forward rooted at the anchor (so PLD can draft from the prompt on the first step).
+- `verify(state, tree)` runs one forward over the tree's N nodes against the cache with a 4-D
+  additive mask and `position_ids = P + depth`, walks greedily from the root (a child is accepted
+  when its token equals the argmax at its parent), appends the bonus token (the argmax at the last
+  accepted node), cuts at a stop token, and compacts the cache to the accepted path.
+- After every forward the result exposes, for all N nodes (rejected ones included), the argmax,
+  the top-k ids and the hidden state at the configured layer, for drafters that harvest them.
+
+Greedy verification is lossless by construction: every committed token is the model's argmax
+given the committed prefix. The batched tree forward can still flip an argmax where the top two
+logits nearly tie, which is why the harness audits outputs against an independent greedy run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from oilbird.tree import DraftTree
+
+
+@dataclass
+class VerifierConfig:
+    """What each verification forward computes for drafters."""
+
+    top_k: int = 8
+    """Top-k token ids exposed per node (Token Recycling's adjacency rows use 8)."""
+    hidden_layer: int = -1
+    """Index into the model's hidden_states tuple for the exposed hidden state (-1: last layer, after the final norm; 0: input embeddings)."""
+    collect_hidden: bool = True
+    """Expose hidden states at all; off saves a little memory traffic for drafters that ignore them."""
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+
+
+@dataclass
+class KVState:
+    """Per-request decoding state: the cache and what it holds."""
+
+    cache: DynamicCache
+    """transformers cache holding the KV of `length` committed tokens."""
+    length: int
+    """P: the number of tokens whose KV is cached (every committed token but the anchor)."""
+    anchor: int
+    """The last committed token; the root of the next tree."""
+
+
+@dataclass
+class Verification:
+    """The outcome of one tree forward; handed to drafters as their observation."""
+
+    tree: DraftTree
+    """The tree that was verified."""
+    prefix_len: int
+    """P at the time of the forward (the root sat at position P)."""
+    argmax: torch.Tensor
+    """[N] target argmax at every node."""
+    topk_ids: torch.Tensor
+    """[N, k] target top-k ids at every node, best first."""
+    hidden: torch.Tensor | None
+    """[N, hidden] hidden state at the configured layer for every node, or None."""
+    path: list[int]
+    """Accepted node indices in root-to-leaf order, root excluded (cut at a stop token)."""
+    committed: list[int]
+    """Tokens committed by this forward: the accepted drafts plus the bonus (unless cut)."""
+    finished: bool
+    """True when a stop token was committed."""
+    forward_s: float = 0.0
+    """Seconds spent in the model forward (including argmax/top-k)."""
+    bookkeeping_s: float = 0.0
+    """Seconds spent on mask, walk and cache compaction."""
+
+
+class TreeVerifier:
+    """Verifies draft trees with one forward each over a transformers model.
+
+    Args:
+        model: a transformers causal LM whose attention honours a custom 4-D mask (eager/SDPA).
+        stop_ids: token ids that end a request.
+        config: what to expose per forward.
+    """
+
+    def __init__(self, model, stop_ids: frozenset[int] | set[int],
+                 config: VerifierConfig | None = None) -> None:
+        self.model = model
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.config = config or VerifierConfig()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int]) -> KVState:
+        """Cache the KV of `prompt_ids[:-1]`; the last prompt token becomes the anchor.
+
+        Raises:
+            ValueError: if `prompt_ids` is empty.
+        """
+        if not prompt_ids:
+            raise ValueError("cannot prefill an empty prompt")
+        cache = DynamicCache(config=self.model.config)
+        if len(prompt_ids) > 1:
+            ids = torch.tensor([prompt_ids[:-1]], device=self.device)  # [1, P]
+            # logits_to_keep=1: the prefill commits nothing, so skip the [P, V] logits.
+            self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return KVState(cache=cache, length=len(prompt_ids) - 1, anchor=int(prompt_ids[-1]))
+
+    @torch.inference_mode()
+    def verify(self, state: KVState, tree: DraftTree) -> Verification:
+        """Run one forward over `tree`, commit the greedy path and compact the cache.
+
+        Args:
+            state: the request's KV state; updated in place (cache, length, anchor).
+            tree: a draft tree whose root token is `state.anchor`.
+
+        Returns:
+            The verification: per-node argmax/top-k/hidden, accepted path and committed tokens.
+
+        Raises:
+            ValueError: if the tree's root is not the anchor.
+        """
+        if tree.tokens[0] != state.anchor:
+            raise ValueError(f"tree root {tree.tokens[0]} is not the anchor {state.anchor}")
+        t0 = time.perf_counter()
+        prefix = state.length
+        n_nodes = len(tree)
+        ids = torch.tensor([tree.tokens], device=self.device)  # [1, N]
+        # A single node needs no mask: it sees the whole cache, exactly like an AR step.
+        mask = None if n_nodes == 1 else tree.attention_mask(prefix, self.dtype, self.device)
+        positions = tree.position_ids(prefix, self.device)  # [1, N]
+        t1 = time.perf_counter()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=state.cache, use_cache=True,
+                         output_hidden_states=self.config.collect_hidden)
+        logits = out.logits[0]  # [N, V]
+        argmax = logits.argmax(dim=-1)  # [N]
+        topk_ids = logits.topk(min(self.config.top_k, logits.shape[-1]), dim=-1).indices  # [N, k]
+        hidden = (out.hidden_states[self.config.hidden_layer][0]  # [N, hidden]
+                  if self.config.collect_hidden else None)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t2 = time.perf_counter()
+
+        preds = argmax.tolist()
+        path = greedy_walk(tree, preds)
+        committed = [tree.tokens[c] for c in path]
+        finished = False
+        for i, token in enumerate(committed):
+            if token in self.stop_ids:  # cut right after the stop token and drop the bonus
+                path, committed, finished = path[: i + 1], committed[: i + 1], True
+                break
+        if not finished:
+            bonus = preds[path[-1] if path else 0]
+            committed.append(bonus)
+            finished = bonus in self.stop_ids
+        compact_cache(state.cache, prefix, n_nodes, path)
+        state.length = prefix + 1 + len(path)
+        state.anchor = committed[-1]
+        t3 = time.perf_counter()
+        return Verification(tree=tree, prefix_len=prefix, argmax=argmax, topk_ids=topk_ids,
+                            hidden=hidden, path=path, committed=committed, finished=finished,
+                            forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
+
+
+def greedy_walk(tree: DraftTree, preds: list[int]) -> list[int]:
+    """Accepted node indices: from the root, follow the child whose token is the argmax.
+
+    Siblings are unique per token (DraftTree de-duplicates), so the walk is unambiguous.
+    """
+    path, node = [], 0
+    while True:
+        child = tree.child(node, preds[node])
+        if child is None:
+            return path
+        path.append(child)
+        node = child
+
+
+def compact_cache(cache: DynamicCache, prefix: int, n_nodes: int, path: list[int]) -> None:
+    """Keep cache rows [0, P] (prefix and root) and P + c for c in `path`; drop the rest.
+
+    Accepted rows are copied down to P+1.. in place, then the tail is cropped, so the cost is
+    O(|path|) per layer rather than a copy of the whole cache.
+    """
+    keep = prefix + 1 + len(path)
+    if path and path != list(range(1, len(path) + 1)):  # rows not already in place
+        src = torch.tensor(path, dtype=torch.long) + prefix  # [L]
+        dst = torch.arange(prefix + 1, keep)  # [L]
+        for layer in cache.layers:
+            src_d, dst_d = src.to(layer.keys.device), dst.to(layer.keys.device)
+            layer.keys[:, :, dst_d] = layer.keys[:, :, src_d]  # RHS gathers first: overlap-safe
+            layer.values[:, :, dst_d] = layer.values[:, :, src_d]
+    drop = prefix + n_nodes - keep
+    if drop > 0:
+        cache.crop(-drop)

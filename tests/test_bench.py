@@ -1,0 +1,24 @@
+"""The benchmark harness on a few real requests: records, pooled τ, audit and JSON output."""
+
+import json
+
+from oilbird.bench import BenchConfig, run_bench
+
+
+def test_bench_runs_methods_side_by_side_and_audits(smol, tmp_path):
+    config = BenchConfig(dataset="api-bank/level-1-api", limit=3, max_new_tokens=16,
+                         methods="pld,hf-pld", warmup=1)
+    summary = run_bench(smol, config, out_dir=tmp_path, progress=False)
+    rows = {r["method"]: r for r in summary["rows"]}
+    assert list(rows) == ["hf-greedy", "ar", "pld", "hf-pld"]  # ar added as the baseline
+    for method in ("ar", "pld", "hf-pld"):
+        assert rows[method]["lossless"] == rows[method]["audited"] == 3, rows[method]["divergences"]
+        assert rows[method]["speedup"] > 0
+    assert rows["ar"]["tau"] == 1.0 and rows["ar"]["speedup"] == 1.0
+    assert rows["pld"]["tau"] >= 1.0
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 3 * 4
+    pld = [r for r in records if r["method"] == "pld"]
+    assert sum(r["new_tokens"] for r in pld) / sum(r["forwards"] for r in pld) == rows["pld"]["tau"]
+    assert json.loads((tmp_path / "summary.json").read_text())["rows"][2]["method"] == "pld"
+    assert "| pld |" in summary["table"] and "3/3" in summary["table"]

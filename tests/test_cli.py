@@ -1,0 +1,69 @@
+"""The command line: bad input gets a clear message, exit status 2 and no traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from oilbird.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_unknown_dataset_lists_known_ones(capsys):
+    code, _, err = run_cli(capsys, "bench", "--dataset", "no-such-set")
+    assert code == 2 and "no-such-set" in err and "api-bank/level-1-api" in err
+    assert "Traceback" not in err
+
+
+def test_limit_zero_is_refused(capsys):
+    code, _, err = run_cli(capsys, "bench", "--limit", "0")
+    assert code == 2 and "--limit must be a positive integer" in err
+
+
+def test_unknown_method_lists_methods(capsys):
+    code, _, err = run_cli(capsys, "bench", "--methods", "ar,nope")
+    assert code == 2 and "'nope'" in err and "pld" in err
+
+
+def test_malformed_jsonl_names_file_and_line(capsys, tmp_path, smol):
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_text(json.dumps({"prompt": "hello"}) + "\n{not json\n")
+    code, _, err = run_cli(capsys, "bench", "--dataset", str(traffic), "--limit", "2")
+    assert code == 2 and "traffic.jsonl" in err and "line 2" in err
+
+
+def test_unknown_model_lists_presets(capsys):
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--model", "no-such-model")
+    assert code == 2 and "smollm2-135m" in err and "qwen2.5-coder-0.5b" in err
+
+
+def test_empty_prompt_is_refused(capsys, smol):
+    code, _, err = run_cli(capsys, "generate", "--prompt", "   ")
+    assert code == 2 and "empty" in err
+
+
+def test_overlong_prompt_names_both_lengths(capsys, smol):
+    long_text = "word " * (smol.max_context + 100)
+    code, _, err = run_cli(capsys, "generate", "--raw", "--prompt", long_text)
+    assert code == 2 and f"context is {smol.max_context} tokens" in err
+    assert "the prompt is" in err
+
+
+def test_generate_prints_text_and_stats(capsys, smol):
+    code, out, err = run_cli(capsys, "generate", "--prompt", "Repeat: red green blue, red green blue,",
+                             "--method", "pld", "--max-new-tokens", "12", "--json")
+    assert code == 0 and out.strip()
+    stats = json.loads(err.strip().splitlines()[-1])
+    assert stats["method"] == "pld" and stats["new_tokens"] == 12 and stats["tau"] >= 1.0
+
+
+def test_console_script_exits_nonzero_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "oilbird.cli", "bench", "--limit", "-3"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--limit" in proc.stderr

@@ -1,0 +1,62 @@
+"""End-to-end on the real model: every method's output equals transformers' greedy output."""
+
+import pytest
+
+from oilbird.audit import compare, greedy_reference
+from oilbird.decode import DecodeConfig, decode
+from oilbird.drafters import make_drafter
+from oilbird.errors import PromptError
+from oilbird.verifier import TreeVerifier
+
+MAX_NEW = 48
+
+
+@pytest.fixture(scope="module")
+def references(smol, api_bank_prompts):
+    return [greedy_reference(smol.model, ids, MAX_NEW, smol.stop_ids) for ids in api_bank_prompts]
+
+
+@pytest.mark.parametrize("method", ["ar", "pld"])
+def test_output_equals_greedy_on_api_bank(smol, api_bank_prompts, references, method):
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    drafter = make_drafter(method)  # one instance across requests, as the benchmark serves them
+    forwards = tokens = 0
+    for i, (ids, ref) in enumerate(zip(api_bank_prompts, references)):
+        result = decode(verifier, drafter, ids, DecodeConfig(max_new_tokens=MAX_NEW),
+                        max_context=smol.max_context, request_id=f"r{i}")
+        audit = compare(result.output_ids, ref)
+        assert audit.lossless, f"request {i}: {audit}"
+        assert sum(result.committed_per_forward) == len(result.output_ids)
+        forwards += result.forwards
+        tokens += len(result.output_ids)
+    if method == "ar":
+        assert forwards == tokens  # one token per forward
+    else:
+        assert tokens / forwards > 1.2  # API-Bank prompts repeat: PLD must accept drafts
+
+
+def test_max_new_tokens_truncates_and_records_excess(smol, api_bank_prompts, references):
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    ids = api_bank_prompts[4]  # PLD accepts long drafts on this one
+    result = decode(verifier, make_drafter("pld"), ids, DecodeConfig(max_new_tokens=5),
+                    max_context=smol.max_context)
+    assert result.output_ids == references[4].output_ids[:5]
+    assert result.finish_reason == "length"
+
+
+def test_context_limit_stops_generation(smol, api_bank_prompts, references):
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    ids = api_bank_prompts[4]
+    result = decode(verifier, make_drafter("pld"), ids, DecodeConfig(max_new_tokens=40),
+                    max_context=len(ids) + 6)
+    assert result.finish_reason == "context"
+    assert len(ids) + len(result.output_ids) <= len(ids) + 6
+    assert result.output_ids == references[4].output_ids[: len(result.output_ids)]
+
+
+def test_bad_prompts_are_refused_with_lengths(smol):
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    with pytest.raises(PromptError, match="empty"):
+        decode(verifier, make_drafter("ar"), [], max_context=smol.max_context)
+    with pytest.raises(PromptError, match=r"20 tokens .* context is 10 tokens"):
+        decode(verifier, make_drafter("ar"), list(range(1, 21)), max_context=10)

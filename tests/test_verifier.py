@@ -1,0 +1,103 @@
+"""Tree verifier on the real model: masks and positions against sequential forwards, the greedy
+walk, the bonus token, stop tokens and cache compaction."""
+
+import pytest
+import torch
+
+from oilbird.audit import greedy_reference
+from oilbird.tree import DraftTree
+from oilbird.verifier import TreeVerifier, VerifierConfig
+
+PROMPT = [{"role": "user", "content": "List three colours of the rainbow."}]
+
+
+@pytest.fixture(scope="module")
+def setup(smol):
+    prompt = smol.encode_chat(PROMPT)
+    greedy = greedy_reference(smol.model, prompt, 6, smol.stop_ids).output_ids
+    return prompt, greedy
+
+
+def sequential_last_hidden(model, ids):
+    """Final-layer hidden state at the last position of a plain causal forward over `ids`."""
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return out.hidden_states[-1][0, -1], out.logits[0, -1]
+
+
+def branchy_tree(anchor, greedy, wrong):
+    """Greedy path g1->g2->g3 placed after wrong siblings, so compaction must move rows."""
+    g1, g2, g3 = greedy[:3]
+    tree = DraftTree.root(anchor)
+    w1 = tree.add(0, wrong[0], "test")
+    tree.add(w1, wrong[1], "test")
+    n1 = tree.add(0, g1, "test")
+    tree.add(n1, wrong[2], "test")
+    n2 = tree.add(n1, g2, "test")
+    tree.add(n2, g3, "test")
+    return tree
+
+
+def test_tree_forward_matches_sequential_forwards(smol, setup):
+    prompt, greedy = setup
+    verifier = TreeVerifier(smol.model, smol.stop_ids, VerifierConfig(top_k=4))
+    state = verifier.prefill(prompt)
+    tree = branchy_tree(prompt[-1], greedy, wrong=[100, 200, 300])
+    ver = verifier.verify(state, tree)
+    for node in range(len(tree)):
+        ids = prompt + [tree.tokens[n] for n in tree.path_to(node)]
+        hidden, logits = sequential_last_hidden(smol.model, ids)
+        assert torch.allclose(ver.hidden[node], hidden, atol=1e-3), f"node {node}"
+        assert ver.argmax[node].item() == logits.argmax().item()
+        assert ver.topk_ids[node].tolist() == logits.topk(4).indices.tolist()
+
+
+def test_greedy_walk_bonus_and_compaction(smol, setup):
+    prompt, greedy = setup
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    state = verifier.prefill(prompt)
+    ver = verifier.verify(state, branchy_tree(prompt[-1], greedy, wrong=[100, 200, 300]))
+    assert ver.path == [3, 5, 6]  # g1, g2, g3 sit behind rejected siblings
+    assert ver.committed == greedy[:4]  # three drafts plus the bonus
+    assert state.length == len(prompt) + 3 and state.anchor == greedy[3]
+    # The compacted cache must equal a fresh prefill of the committed sequence.
+    fresh = verifier.prefill(prompt + greedy[:4])
+    for ours, ref in zip(state.cache.layers, fresh.cache.layers):
+        assert ours.keys.shape == ref.keys.shape
+        assert torch.allclose(ours.keys, ref.keys, atol=1e-4)
+        assert torch.allclose(ours.values, ref.values, atol=1e-4)
+    # Decoding continues correctly from the compacted cache.
+    ver2 = verifier.verify(state, DraftTree.chain(state.anchor, greedy[4:6], "test"))
+    assert ver2.committed[:2] == greedy[4:6]
+
+
+def test_root_only_tree_is_one_autoregressive_step(smol, setup):
+    prompt, greedy = setup
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    state = verifier.prefill(prompt)
+    ver = verifier.verify(state, DraftTree.root(prompt[-1]))
+    assert ver.path == [] and ver.committed == [greedy[0]] and state.length == len(prompt)
+
+
+def test_stop_token_among_drafts_cuts_and_drops_bonus(smol, setup):
+    prompt, greedy = setup
+    verifier = TreeVerifier(smol.model, frozenset({greedy[1]}))  # pretend g2 is a stop token
+    state = verifier.prefill(prompt)
+    ver = verifier.verify(state, DraftTree.chain(prompt[-1], greedy[:4], "test"))
+    assert ver.committed == greedy[:2] and ver.finished
+
+
+def test_bonus_stop_token_finishes(smol, setup):
+    prompt, greedy = setup
+    verifier = TreeVerifier(smol.model, frozenset({greedy[2]}))
+    state = verifier.prefill(prompt)
+    ver = verifier.verify(state, DraftTree.chain(prompt[-1], greedy[:2] + [99], "test"))
+    assert ver.committed == greedy[:3] and ver.finished
+
+
+def test_tree_root_must_be_the_anchor(smol, setup):
+    prompt, _ = setup
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    state = verifier.prefill(prompt)
+    with pytest.raises(ValueError, match="anchor"):
+        verifier.verify(state, DraftTree.root(prompt[-1] + 1))
