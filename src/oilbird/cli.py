@@ -36,10 +36,16 @@ def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
     from oilbird.bench import BenchConfig, run_bench
     from oilbird.models import load_model
 
     config = config_from_args(BenchConfig, args, prefix="")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be a positive integer, got {args.threads}")
+        torch.set_num_threads(args.threads)
     config.method_list()  # unknown methods fail before the model loads
     drafter_configs = _drafter_configs(args)
     loaded = load_model(args.model, log=_log)
@@ -107,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
     bench.add_argument("--out", default="bench-out", help="directory for records.jsonl and summary.json")
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    bench.add_argument("--threads", type=int, default=None,
+                       help="CPU threads for torch (default: torch's choice, usually all cores)")
     add_config_args(bench, BenchConfig)
     _add_drafter_args(bench)
     bench.set_defaults(func=cmd_bench)
