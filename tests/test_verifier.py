@@ -101,3 +101,18 @@ def test_tree_root_must_be_the_anchor(smol, setup):
     state = verifier.prefill(prompt)
     with pytest.raises(ValueError, match="anchor"):
         verifier.verify(state, DraftTree.root(prompt[-1] + 1))
+
+
+def test_models_that_cannot_honour_a_tree_mask_are_refused():
+    from types import SimpleNamespace
+
+    from oilbird.errors import ModelError
+    from oilbird.verifier import check_tree_attention
+
+    check_tree_attention(SimpleNamespace(_attn_implementation="sdpa",
+                                         layer_types=["full_attention"] * 2))
+    with pytest.raises(ModelError, match="flash_attention_2"):
+        check_tree_attention(SimpleNamespace(_attn_implementation="flash_attention_2"))
+    with pytest.raises(ModelError, match="sliding_attention"):
+        check_tree_attention(SimpleNamespace(_attn_implementation="sdpa",
+                                             layer_types=["full_attention", "sliding_attention"]))

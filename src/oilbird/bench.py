@@ -96,7 +96,8 @@ def encode_request(loaded: LoadedModel, request) -> list[int]:
 
 
 def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | None = None,
-              out_dir: Path | None = None, progress: bool = True) -> dict:
+              out_dir: Path | None = None, progress: bool = True,
+              verifier_config: VerifierConfig | None = None) -> dict:
     """Run the benchmark and return the summary (also written to `out_dir` when given).
 
     Args:
@@ -105,6 +106,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
         drafter_configs: method name -> config instance (default: each drafter's paper defaults).
         out_dir: where to write records.jsonl, summary.json and table.md (None: do not write).
         progress: show a progress bar on stderr.
+        verifier_config: what each forward exposes to drafters (default: VerifierConfig()).
 
     Returns:
         The summary dict: per-method rows, the table, and the run's environment.
@@ -124,21 +126,23 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
         except Exception as err:
             raise type(err)(f"request {request.id}: {err}") from None
 
-    verifier = TreeVerifier(loaded.model, loaded.stop_ids, VerifierConfig())
-    decode_config = DecodeConfig(config.max_new_tokens, config.node_budget)
+    verifier = TreeVerifier(loaded.model, loaded.stop_ids, verifier_config or VerifierConfig())
 
     def run(method: str, drafter, ids: list[int], request_id: str, limit: int) -> dict:
         if method == "hf-pld":
             res = hf_prompt_lookup(loaded.model, ids, limit, loaded.stop_ids)
             return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s,
                         prefill_s=None, draft_s=None, forward_s=None, bookkeeping_s=None,
-                        finish_reason=None, excess_tokens=0, accepted_sources={})
+                        finish_reason=None, excess_tokens=0, accepted_sources={},
+                        committed_per_forward=None, nodes_per_forward=None)
         res = decode(verifier, drafter, ids, DecodeConfig(limit, config.node_budget),
                      max_context=loaded.max_context, request_id=request_id)
         return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s,
                     prefill_s=res.prefill_s, draft_s=res.draft_s, forward_s=res.forward_s,
                     bookkeeping_s=res.bookkeeping_s, finish_reason=res.finish_reason,
-                    excess_tokens=res.excess_tokens, accepted_sources=res.accepted_sources)
+                    excess_tokens=res.excess_tokens, accepted_sources=res.accepted_sources,
+                    committed_per_forward=res.committed_per_forward,
+                    nodes_per_forward=res.nodes_per_forward)
 
     # Warm-up: throw-away drafters, so nothing reaches the measured drafters' pools.
     for ids in prompts[: config.warmup]:
@@ -149,20 +153,33 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
 
     drafters = {m: make_drafter(m, drafter_configs.get(m)) for m in methods if m in DRAFTERS}
     records: list[dict] = []
+    sink = None
+    if out_dir is not None:  # records are written as they come, so a cut run keeps its data
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sink = open(out_dir / "records.jsonl", "w")
+
+    def emit(record: dict) -> None:
+        records.append(record)
+        if sink is not None:
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+
     bar = tqdm(list(zip(requests, prompts)), desc=f"bench {config.dataset}", unit="req",
                disable=not progress, file=sys.stderr)
     for request, ids in bar:
         ref = greedy_reference(loaded.model, ids, config.max_new_tokens, loaded.stop_ids) \
             if config.audit else None
         if ref is not None:
-            records.append(_record(REFERENCE, request, ids, dict(
+            emit(_record(REFERENCE, request, ids, dict(
                 output_ids=ref.output_ids, forwards=len(ref.output_ids), wall_s=ref.wall_s),
                 audit=None))
         for method in methods:
             res = run(method, drafters.get(method), ids, request.id, config.max_new_tokens)
             audit = asdict(compare(res["output_ids"], ref)) if ref is not None else None
-            records.append(_record(method, request, ids, res, audit))
+            emit(_record(method, request, ids, res, audit))
     bar.close()
+    if sink is not None:
+        sink.close()
 
     rows = summarize(records, [REFERENCE] * config.audit + methods)
     summary = dict(config=asdict(config),
@@ -171,10 +188,6 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                    environment=environment(loaded), rows=rows,
                    table=format_table(rows, config))
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with open(out_dir / "records.jsonl", "w") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         (out_dir / "table.md").write_text(summary["table"] + "\n")
     return summary

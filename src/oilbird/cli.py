@@ -40,6 +40,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from oilbird.bench import BenchConfig, run_bench
     from oilbird.models import load_model
+    from oilbird.verifier import VerifierConfig
 
     config = config_from_args(BenchConfig, args, prefix="")
     if args.threads is not None:
@@ -50,7 +51,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     drafter_configs = _drafter_configs(args)
     loaded = load_model(args.model, log=_log)
     out_dir = Path(args.out)
-    summary = run_bench(loaded, config, drafter_configs, out_dir=out_dir, progress=not args.no_progress)
+    summary = run_bench(loaded, config, drafter_configs, out_dir=out_dir, progress=not args.no_progress,
+                        verifier_config=config_from_args(VerifierConfig, args, prefix="verifier"))
     print(summary["table"])
     print(f"\nrecords: {out_dir / 'records.jsonl'}  summary: {out_dir / 'summary.json'}")
     failed = [r for r in summary["rows"] if r["audited"] and r["lossless"] < r["audited"]]
@@ -65,7 +67,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from oilbird.decode import DecodeConfig, decode
     from oilbird.drafters import make_drafter
     from oilbird.models import load_model
-    from oilbird.verifier import TreeVerifier
+    from oilbird.verifier import TreeVerifier, VerifierConfig
 
     decode_config = config_from_args(DecodeConfig, args, prefix="")
     drafter = make_drafter(args.method, _drafter_configs(args).get(args.method))
@@ -74,7 +76,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ids = loaded.encode_text(args.prompt)
     else:
         ids = loaded.encode_chat([{"role": "user", "content": args.prompt}])
-    verifier = TreeVerifier(loaded.model, loaded.stop_ids)
+    verifier = TreeVerifier(loaded.model, loaded.stop_ids,
+                            config_from_args(VerifierConfig, args, prefix="verifier"))
     result = decode(verifier, drafter, ids, decode_config, max_context=loaded.max_context)
     print(loaded.decode(result.output_ids))
     stats = dict(method=args.method, prompt_tokens=len(ids), new_tokens=len(result.output_ids),
@@ -105,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     from oilbird.bench import BenchConfig
     from oilbird.decode import DecodeConfig
     from oilbird.models import DEFAULT_MODEL
+    from oilbird.verifier import VerifierConfig
 
     parser = argparse.ArgumentParser(prog="oilbird", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, default=None,
                        help="CPU threads for torch (default: torch's choice, usually all cores)")
     add_config_args(bench, BenchConfig)
+    add_config_args(bench, VerifierConfig, prefix="verifier")
     _add_drafter_args(bench)
     bench.set_defaults(func=cmd_bench)
 
@@ -126,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="use the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true", help="print the stats as JSON")
     add_config_args(gen, DecodeConfig)
+    add_config_args(gen, VerifierConfig, prefix="verifier")
     _add_drafter_args(gen)
     gen.set_defaults(func=cmd_generate)
 

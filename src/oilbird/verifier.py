@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from oilbird.errors import ModelError
 from oilbird.tree import DraftTree
 
 
@@ -92,6 +93,7 @@ class TreeVerifier:
 
     def __init__(self, model, stop_ids: frozenset[int] | set[int],
                  config: VerifierConfig | None = None) -> None:
+        check_tree_attention(model.config)
         self.model = model
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.config = config or VerifierConfig()
@@ -169,6 +171,26 @@ class TreeVerifier:
         return Verification(tree=tree, prefix_len=prefix, argmax=argmax, topk_ids=topk_ids,
                             hidden=hidden, path=path, committed=committed, finished=finished,
                             forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
+
+
+def check_tree_attention(config) -> None:
+    """Refuse models whose attention cannot honour a custom 4-D tree mask.
+
+    Flash-attention kernels ignore custom masks, and a sliding-window or chunked layer would have
+    its window replaced (not narrowed) by the tree mask; either would silently break losslessness.
+
+    Raises:
+        ModelError: naming the problem and what to do.
+    """
+    impl = getattr(config, "_attn_implementation", None) or "sdpa"
+    if impl not in ("sdpa", "eager"):
+        raise ModelError(f"attention implementation {impl!r} ignores custom tree masks; "
+                         "load the model with attn_implementation='sdpa' or 'eager'")
+    layer_types = getattr(config, "layer_types", None) or ()
+    windowed = sorted({t for t in layer_types if t != "full_attention"})
+    if windowed:
+        raise ModelError(f"the model has {', '.join(windowed)} layers; tree verification "
+                         "supports full-attention models only")
 
 
 def greedy_walk(tree: DraftTree, preds: list[int]) -> list[int]:
