@@ -20,5 +20,8 @@ def test_bench_runs_methods_side_by_side_and_audits(smol, tmp_path):
     assert len(records) == 3 * 4
     pld = [r for r in records if r["method"] == "pld"]
     assert sum(r["new_tokens"] for r in pld) / sum(r["forwards"] for r in pld) == rows["pld"]["tau"]
+    for r in pld:  # per request: committed tokens per forward add up to the output
+        assert sum(r["committed_per_forward"]) == r["new_tokens"] == len(r["output_ids"])
+        assert len(r["nodes_per_forward"]) == r["forwards"]
     assert json.loads((tmp_path / "summary.json").read_text())["rows"][2]["method"] == "pld"
     assert "| pld |" in summary["table"] and "3/3" in summary["table"]
