@@ -1,0 +1,139 @@
+"""Suffix automaton over a growing token stream (ALGORITHMS.md §4), the lexical key of the pool.
+
+Contract:
+- `extend(token)` appends one token in amortized O(1) (the classic online construction); the
+  automaton then recognises every substring of the stream.
+- Each state remembers `first_end`, the end index of the *first* occurrence of its strings, so a
+  match's continuation is read from the earliest occurrence (the one with the longest tail, as
+  every prompt-lookup reference does).
+- A cursor `(state, length)` tracks the longest suffix of some query text that occurs in the
+  stream. `advance` moves it by one token; callers advance *before* extending with the same
+  token, so the text never matches its own newest position.
+- Document boundaries: `end_document()` appends a fresh negative separator id, so no match and no
+  continuation crosses from one document (request) into another.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+
+class SuffixAutomaton:
+    """Online suffix automaton with first-occurrence end positions."""
+
+    def __init__(self) -> None:
+        self.next: list[dict[int, int]] = [{}]
+        """Transitions of each state: token -> state."""
+        self.link: list[int] = [-1]
+        """Suffix link of each state (the root's is -1)."""
+        self.length: list[int] = [0]
+        """Length of the longest string of each state."""
+        self.first_end: list[int] = [-1]
+        """Index in `tokens` where the first occurrence of the state's strings ends."""
+        self.tokens: list[int] = []
+        """The stream itself, separators included."""
+        self.last = 0
+        self._separators = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_states(self) -> int:
+        return len(self.length)
+
+    def _new_state(self, length: int, first_end: int, link: int = -1,
+                   transitions: dict[int, int] | None = None) -> int:
+        self.next.append(transitions if transitions is not None else {})
+        self.link.append(link)
+        self.length.append(length)
+        self.first_end.append(first_end)
+        return len(self.length) - 1
+
+    def extend(self, token: int) -> None:
+        """Append one token (amortized O(1))."""
+        token = int(token)
+        self.tokens.append(token)
+        cur = self._new_state(self.length[self.last] + 1, len(self.tokens) - 1)
+        p = self.last
+        while p != -1 and token not in self.next[p]:
+            self.next[p][token] = cur
+            p = self.link[p]
+        if p == -1:
+            self.link[cur] = 0
+        else:
+            q = self.next[p][token]
+            if self.length[p] + 1 == self.length[q]:
+                self.link[cur] = q
+            else:  # split q: the clone keeps the shorter strings, with q's first occurrence
+                clone = self._new_state(self.length[p] + 1, self.first_end[q], self.link[q],
+                                        dict(self.next[q]))
+                while p != -1 and self.next[p].get(token) == q:
+                    self.next[p][token] = clone
+                    p = self.link[p]
+                self.link[q] = self.link[cur] = clone
+        self.last = cur
+
+    def extend_many(self, tokens: Iterable[int]) -> None:
+        for token in tokens:
+            self.extend(token)
+
+    def end_document(self) -> None:
+        """Append a unique separator so nothing matches or continues across documents."""
+        self._separators += 1
+        self.extend(-self._separators)
+
+    def advance(self, state: int, length: int, token: int) -> tuple[int, int]:
+        """Move a match cursor by one token: the longest suffix of (matched text + token).
+
+        Returns:
+            The new `(state, length)`; `(0, 0)` when not even `token` alone occurs.
+        """
+        token = int(token)
+        while state != 0 and token not in self.next[state]:
+            state = self.link[state]
+            length = self.length[state]
+        nxt = self.next[state].get(token)
+        if nxt is None:
+            return 0, 0
+        return nxt, length + 1
+
+    def match(self, query: Sequence[int]) -> tuple[int, int]:
+        """Cursor after feeding `query` from the root: its longest suffix found in the stream."""
+        state, length = 0, 0
+        for token in query:
+            state, length = self.advance(state, length, token)
+        return state, length
+
+    def continuation(self, state: int, max_tokens: int) -> list[int]:
+        """Up to `max_tokens` stream tokens after the first occurrence of `state`'s strings.
+
+        Stops at a document separator.
+        """
+        start = self.first_end[state] + 1
+        out = []
+        for token in self.tokens[start:start + max_tokens]:
+            if token < 0:
+                break
+            out.append(token)
+        return out
+
+    def candidates(self, state: int, length: int, count: int,
+                   min_length: int = 1) -> list[tuple[int, int, int]]:
+        """Distinct next tokens after the matched suffix, backing off to shorter suffixes.
+
+        From the matched state, every outgoing transition is a candidate. While there are fewer
+        than `count`, follow the suffix link (a shorter suffix, more occurrences) and add the new
+        tokens, stopping once the match would be shorter than `min_length`.
+
+        Returns:
+            Up to `count` tuples `(token, next_state, match_length)`, longest match first.
+        """
+        seen: dict[int, tuple[int, int, int]] = {}
+        while state != -1 and length >= min_length and len(seen) < count:
+            for token, nxt in self.next[state].items():
+                if token >= 0 and token not in seen and len(seen) < count:
+                    seen[token] = (token, nxt, length)
+            state = self.link[state]
+            length = self.length[state] if state != -1 else 0
+        return list(seen.values())

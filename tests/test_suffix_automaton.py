@@ -1,0 +1,98 @@
+"""Suffix automaton against brute force on random streams (hypothesis) and hand-built cases."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oilbird.suffix_automaton import SuffixAutomaton
+
+
+def occurs(stream, sub):
+    n = len(sub)
+    return any(stream[i:i + n] == sub for i in range(len(stream) - n + 1))
+
+
+def brute_longest_suffix(stream, query):
+    for n in range(len(query), 0, -1):
+        if occurs(stream, query[len(query) - n:]):
+            return n
+    return 0
+
+
+def brute_first_end(stream, sub):
+    n = len(sub)
+    return next(i + n - 1 for i in range(len(stream) - n + 1) if stream[i:i + n] == sub)
+
+
+tokens = st.lists(st.integers(0, 3), min_size=0, max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=tokens, query=tokens)
+def test_longest_suffix_match_equals_brute_force(stream, query):
+    sam = SuffixAutomaton()
+    sam.extend_many(stream)
+    state, length = sam.match(query)
+    assert length == brute_longest_suffix(stream, query)
+    if length:
+        suffix = query[len(query) - length:]
+        assert sam.first_end[state] == brute_first_end(stream, suffix)
+        end = brute_first_end(stream, suffix)
+        assert sam.continuation(state, 5) == stream[end + 1:end + 6]
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream=st.lists(st.integers(0, 3), min_size=1, max_size=40))
+def test_every_substring_is_recognised_and_states_stay_linear(stream):
+    sam = SuffixAutomaton()
+    sam.extend_many(stream)
+    for i in range(len(stream)):
+        for j in range(i + 1, len(stream) + 1):
+            assert sam.match(stream[i:j])[1] == j - i
+    assert sam.num_states <= max(2, 2 * len(stream) - 1) + 1  # at most 2n-1 states plus root
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream=st.lists(st.integers(0, 3), min_size=1, max_size=30),
+       query=st.lists(st.integers(0, 3), min_size=1, max_size=10))
+def test_candidates_back_off_to_shorter_suffixes(stream, query):
+    sam = SuffixAutomaton()
+    sam.extend_many(stream)
+    state, length = sam.match(query)
+    found = sam.candidates(state, length, count=8)
+    # Brute force: tokens following any occurrence of any suffix of query, longest suffix first.
+    expected = []
+    for n in range(length, 0, -1):
+        suffix = query[len(query) - n:]
+        for i in range(len(stream) - n):
+            if stream[i:i + n] == suffix and stream[i + n] not in expected:
+                expected.append(stream[i + n])
+        if len(expected) >= 8:
+            break
+    assert len(found) == min(8, len(expected))
+    assert {t for t, _, _ in found} <= set(expected)
+    if len(expected) <= 8:
+        assert {t for t, _, _ in found} == set(expected)
+    for token, _, match_len in found:  # each candidate really follows a match of that length
+        assert occurs(stream, query[len(query) - match_len:] + [token])
+
+
+def test_separators_stop_matches_and_continuations_across_documents():
+    sam = SuffixAutomaton()
+    sam.extend_many([1, 2, 3])
+    sam.end_document()
+    sam.extend_many([4, 5])
+    state, length = sam.match([2, 3])
+    assert length == 2 and sam.continuation(state, 10) == []  # the separator ends the tail
+    assert sam.match([3, 4])[1] == 1  # "3 4" never occurs: the separator sits between them
+
+
+def test_cursor_advanced_before_extension_never_matches_itself():
+    sam = SuffixAutomaton()
+    state = length = 0
+    for token in [7, 8, 9]:
+        state, length = sam.advance(state, length, token)
+        sam.extend(token)
+    assert length == 0  # nothing occurred before
+    state, length = sam.advance(state, length, 7)
+    sam.extend(7)
+    assert length == 1 and sam.continuation(state, 3) == [8, 9, 7]
