@@ -1,0 +1,102 @@
+"""The cross-request pool: committed token streams of past requests, one store per tenant.
+
+Contract:
+- Strictly online: a request's text (prompt + output) enters its tenant's store only when the
+  request ends (`add_request`), so a request being decoded sees the requests before it and never
+  its own future. Its own committed text is the drafters' per-request business.
+- Tenants are isolated: each has its own store and index; nothing is shared across tenants.
+- Bounded: each store keeps at most `max_tokens` tokens; the oldest requests are evicted first.
+  The suffix automaton cannot delete, so it is rebuilt from the retained requests once evicted
+  tokens make up half of what it indexes (amortized O(1) per token).
+- `memory_bytes()` reports an estimate of the store's footprint, for benchmark records.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from dataclasses import dataclass
+
+from oilbird.errors import ConfigError
+from oilbird.suffix_automaton import SuffixAutomaton
+
+
+@dataclass
+class PoolConfig:
+    """Capacity of one tenant's store."""
+
+    max_tokens: int = 4_000_000
+    """Cap on stored tokens per tenant; the oldest requests are evicted beyond it."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+class TokenStore:
+    """One tenant's past requests and the suffix automaton indexing them."""
+
+    def __init__(self, config: PoolConfig | None = None) -> None:
+        self.config = config or PoolConfig()
+        self.requests: deque[tuple[str, list[int]]] = deque()
+        self.num_tokens = 0
+        self.evicted_requests = 0
+        self.sam = SuffixAutomaton()
+        self._indexed_tokens = 0  # tokens in the automaton, evicted ones included
+
+    def add_request(self, request_id: str, tokens: list[int]) -> None:
+        """Store a finished request's committed tokens (prompt and output).
+
+        A request longer than the whole cap keeps only its last `max_tokens` tokens.
+        """
+        tokens = [int(t) for t in tokens[-self.config.max_tokens:]]
+        self.requests.append((request_id, tokens))
+        self.num_tokens += len(tokens)
+        self.sam.extend_many(tokens)
+        self.sam.end_document()
+        self._indexed_tokens += len(tokens)
+        while self.num_tokens > self.config.max_tokens:
+            _, old = self.requests.popleft()
+            self.num_tokens -= len(old)
+            self.evicted_requests += 1
+        if self._indexed_tokens >= 2 * self.num_tokens:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.sam = SuffixAutomaton()
+        for _, tokens in self.requests:
+            self.sam.extend_many(tokens)
+            self.sam.end_document()
+        self._indexed_tokens = self.num_tokens
+
+    def memory_bytes(self) -> int:
+        """Rough footprint: token lists plus the automaton's per-state containers."""
+        per_token = 8 + 28  # list slot + small int (CPython)
+        sam = self.sam
+        per_state = 4 * 8 + sys.getsizeof({}) + 28 * 3
+        transitions = sum(len(t) for t in sam.next) * 2 * 8 * 2  # key and value slots, dict overhead
+        return int(self.num_tokens * per_token + len(sam.tokens) * per_token
+                   + sam.num_states * per_state + transitions)
+
+
+class Pool:
+    """All tenants' stores; a tenant's store is created on first use."""
+
+    def __init__(self, config: PoolConfig | None = None) -> None:
+        self.config = config or PoolConfig()
+        self._stores: dict[str, TokenStore] = {}
+
+    def store(self, tenant: str) -> TokenStore:
+        """The store of `tenant` (a non-empty name chosen by the caller).
+
+        Raises:
+            ConfigError: if the tenant name is empty.
+        """
+        if not tenant:
+            raise ConfigError("tenant name must be a non-empty string")
+        if tenant not in self._stores:
+            self._stores[tenant] = TokenStore(self.config)
+        return self._stores[tenant]
+
+    def tenants(self) -> list[str]:
+        return list(self._stores)
