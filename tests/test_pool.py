@@ -31,7 +31,9 @@ def test_oldest_requests_are_evicted_and_automaton_rebuilt():
     store.add_request("r3", [7, 8, 9])  # evicts r1
     assert [rid for rid, _ in store.requests] == ["r2", "r3"] and store.num_tokens == 6
     store.add_request("r4", [1, 1, 1])  # evicts r2; indexed 12 > 2*6 -> rebuild without r1, r2
-    assert store.sam.match([1, 2])[1] == 1  # "1 2" (from r1) is gone; "1" (from r4) remains
+    assert store.sam.match([2, 3])[1] == 0  # r1 and r2 are gone from the rebuilt automaton
+    assert store.sam.match([5])[1] == 0
+    assert store.sam.match([1, 1])[1] == 2
     assert store.sam.match([8, 9])[1] == 2
     assert store.evicted_requests == 2
 
