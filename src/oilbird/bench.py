@@ -136,7 +136,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                         finish_reason=None, excess_tokens=0, accepted_sources={},
                         committed_per_forward=None, nodes_per_forward=None)
         res = decode(verifier, drafter, ids, DecodeConfig(limit, config.node_budget),
-                     max_context=loaded.max_context, request_id=request_id)
+                     max_context=loaded.max_context, request_id=request_id,
+                     tenant=config.dataset)  # one pool per dataset, as the papers serve them
         return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s,
                     prefill_s=res.prefill_s, draft_s=res.draft_s, forward_s=res.forward_s,
                     bookkeeping_s=res.bookkeeping_s, finish_reason=res.finish_reason,

@@ -81,7 +81,7 @@ def check_prompt(prompt_ids: list[int], max_context: int) -> None:
 
 def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
            config: DecodeConfig | None = None, *, max_context: int,
-           request_id: str = "request") -> RequestResult:
+           request_id: str = "request", tenant: str = "default") -> RequestResult:
     """Generate greedily for one request with `drafter` proposing draft trees.
 
     Args:
@@ -91,6 +91,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
         config: limits (max_new_tokens, node budget).
         max_context: the model's context length; generation stops when it is full.
         request_id: a name for records and for drafters that key state by request.
+        tenant: whose cross-request pool the request drafts from and joins.
 
     Returns:
         The generated ids and the request's measurements.
@@ -103,7 +104,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
     start = time.perf_counter()
     result = RequestResult(request_id=request_id, prompt_len=len(prompt_ids), output_ids=[],
                            finish_reason="length")
-    drafter.start_request(request_id, prompt_ids)
+    drafter.start_request(request_id, prompt_ids, tenant)
     t = time.perf_counter()
     state = verifier.prefill(prompt_ids)
     result.prefill_s = time.perf_counter() - t

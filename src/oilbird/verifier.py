@@ -32,8 +32,8 @@ from oilbird.tree import DraftTree
 class VerifierConfig:
     """What each verification forward computes for drafters."""
 
-    top_k: int = 8
-    """Top-k token ids exposed per node (Token Recycling's adjacency rows use 8)."""
+    top_k: int = 10
+    """Top-k token ids exposed per node (the widest consumer, GOOSE's adjacency table, uses 10; Token Recycling reads the first 8)."""
     hidden_layer: int = -1
     """Index into the model's hidden_states tuple for the exposed hidden state (-1: last layer, after the final norm; 0: input embeddings)."""
     collect_hidden: bool = True
@@ -68,6 +68,8 @@ class Verification:
     """[N] target argmax at every node."""
     topk_ids: torch.Tensor
     """[N, k] target top-k ids at every node, best first."""
+    topk_logits: torch.Tensor
+    """[N, k] the logits of those ids (softmax over them gives within-top-k scores)."""
     hidden: torch.Tensor | None
     """[N, hidden] hidden state at the configured layer for every node, or None."""
     path: list[int]
@@ -145,7 +147,8 @@ class TreeVerifier:
                          output_hidden_states=self.config.collect_hidden)
         logits = out.logits[0]  # [N, V]
         argmax = logits.argmax(dim=-1)  # [N]
-        topk_ids = logits.topk(min(self.config.top_k, logits.shape[-1]), dim=-1).indices  # [N, k]
+        topk = logits.topk(min(self.config.top_k, logits.shape[-1]), dim=-1)
+        topk_ids, topk_logits = topk.indices, topk.values  # [N, k] each
         hidden = (out.hidden_states[self.config.hidden_layer][0]  # [N, hidden]
                   if self.config.collect_hidden else None)
         if self.device.type == "cuda":
@@ -169,7 +172,7 @@ class TreeVerifier:
         state.anchor = committed[-1]
         t3 = time.perf_counter()
         return Verification(tree=tree, prefix_len=prefix, argmax=argmax, topk_ids=topk_ids,
-                            hidden=hidden, path=path, committed=committed, finished=finished,
+                            topk_logits=topk_logits, hidden=hidden, path=path, committed=committed, finished=finished,
                             forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
 
 

@@ -2,11 +2,14 @@
 
 A drafter lives as long as a benchmark (or a server tenant) and serves requests one at a time:
 
-    drafter.start_request(request_id, prompt_ids)     # a new request begins
+    drafter.start_request(request_id, prompt_ids, tenant)  # a new request begins
     loop:
         tree = drafter.propose(budget)                # a DraftTree rooted at the anchor, <= budget nodes
         drafter.observe(verification)                 # what was committed + what the forward computed
     drafter.stop_request(request_id)                  # the request ended (its text may join a pool)
+
+Cross-request drafters keep one pool per *tenant* (a name chosen by the caller; the benchmark uses
+one per dataset) and never let one tenant's traffic reach another's drafts.
 
 The drafter keeps its own copy of the committed sequence (prompt + output); `propose` roots its
 tree at the last committed token, the anchor. `observe` receives the full `Verification`: the
@@ -38,15 +41,17 @@ class Drafter:
         self.config = config if config is not None else self.Config()
         self.sequence: list[int] = []
         self.request_id: str | None = None
+        self.tenant = "default"
 
     @property
     def anchor(self) -> int:
         """The last committed token: the root of the next tree."""
         return self.sequence[-1]
 
-    def start_request(self, request_id: str, prompt_ids: list[int]) -> None:
-        """Begin serving a request whose prompt is `prompt_ids` (already committed)."""
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
+        """Begin serving a request of `tenant` whose prompt is `prompt_ids` (already committed)."""
         self.request_id = request_id
+        self.tenant = tenant
         self.sequence = list(prompt_ids)
 
     def propose(self, budget: int) -> DraftTree:

@@ -95,8 +95,8 @@ class PromptLookup(Drafter):
     name = "pld"
     Config = PLDConfig
 
-    def start_request(self, request_id: str, prompt_ids: list[int]) -> None:
-        super().start_request(request_id, prompt_ids)
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
+        super().start_request(request_id, prompt_ids, tenant)
         self.index = NgramIndex(self.config.max_ngram, self.config.min_ngram)
         self.index.extend(prompt_ids)
 
