@@ -43,6 +43,8 @@ class TokenStore:
         self.evicted_requests = 0
         self.sam = SuffixAutomaton()
         self._indexed_tokens = 0  # tokens in the automaton, evicted ones included
+        self.version = 0
+        """Bumped whenever the automaton changes, so cursors into it know to re-match."""
 
     def add_request(self, request_id: str, tokens: list[int]) -> None:
         """Store a finished request's committed tokens (prompt and output).
@@ -54,6 +56,7 @@ class TokenStore:
         self.num_tokens += len(tokens)
         self.sam.extend_many(tokens)
         self.sam.end_document()
+        self.version += 1
         self._indexed_tokens += len(tokens)
         while self.num_tokens > self.config.max_tokens:
             _, old = self.requests.popleft()

@@ -1,0 +1,137 @@
+"""SAM-Decoding-style drafter: suffix automata over the tenant's pool and the request itself (§4).
+
+Two automata answer "what followed the longest suffix of the text so far?":
+- the *pool* automaton of the tenant's past requests (prompts and outputs; `oilbird.pool`), never
+  reset within a tenant; a request joins it only when it ends (strictly online);
+- a *local* automaton over the current request's committed text, extended token by token with
+  its cursor advanced before each extension, so the text never matches its own newest position.
+The longer match drafts a chain of `min(max_predicts, 1 + floor(alpha * match_len))` tokens from
+its first occurrence (ties go to the local automaton). When that chain is shorter than the budget
+allows, the drafter backs off: the other distinct next tokens after the matched suffix, then after
+shorter suffixes, each start one more chain under the root, until `max_candidates` chains or the
+budget is spent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from oilbird.drafters.base import Drafter
+from oilbird.drafters.registry import register
+from oilbird.pool import Pool, PoolConfig, TokenStore
+from oilbird.suffix_automaton import SuffixAutomaton
+from oilbird.tree import DraftTree
+from oilbird.verifier import Verification
+
+
+@dataclass
+class SAMConfig:
+    """SAM-only drafting (SAM-Decoding's defaults for the variant without an auxiliary drafter)."""
+
+    max_predicts: int = 60
+    """Longest chain drafted from one match."""
+    alpha: float = 4.0
+    """Chain length grows with the match: 1 + floor(alpha * match_length)."""
+    min_match: int = 1
+    """Shortest suffix match that may draft."""
+    max_candidates: int = 8
+    """Chains under the root after back-off (1 = the single best match only)."""
+    pool_max_tokens: int = 4_000_000
+    """Cap on each tenant's pool in tokens; the oldest requests are evicted beyond it."""
+
+    def __post_init__(self) -> None:
+        if self.max_predicts < 1 or self.min_match < 1 or self.max_candidates < 1:
+            raise ValueError("max_predicts, min_match and max_candidates must be >= 1")
+        if self.alpha <= 0:
+            raise ValueError(f"alpha must be > 0, got {self.alpha}")
+
+
+def chain_length(match_length: int, alpha: float, max_predicts: int) -> int:
+    """SAM-Decoding's length rule: longer matches earn longer drafts."""
+    return min(max_predicts, 1 + math.floor(alpha * match_length))
+
+
+class _Cursor:
+    """A match cursor into one automaton."""
+
+    def __init__(self, sam: SuffixAutomaton) -> None:
+        self.sam, self.state, self.length = sam, 0, 0
+
+    def advance(self, token: int) -> None:
+        self.state, self.length = self.sam.advance(self.state, self.length, token)
+
+
+@register
+class SAMDrafter(Drafter):
+    """Suffix-automaton drafter over the cross-request pool and the current request."""
+
+    name = "sam"
+    Config = SAMConfig
+
+    def __init__(self, config: SAMConfig | None = None) -> None:
+        super().__init__(config)
+        self.pool = Pool(PoolConfig(self.config.pool_max_tokens))
+
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
+        super().start_request(request_id, prompt_ids, tenant)
+        self.store: TokenStore = self.pool.store(tenant)
+        self.local = SuffixAutomaton()
+        self.local_cursor = _Cursor(self.local)
+        self._sync_pool_cursor()
+        for token in prompt_ids:
+            self._advance_local(token)
+
+    def _advance_local(self, token: int) -> None:
+        self.local_cursor.advance(token)  # before extending: never match the newest position
+        self.local.extend(token)
+
+    def _sync_pool_cursor(self) -> None:
+        # The pool changes only when a request ends; re-match when it did (a concurrent request
+        # finished) rather than keep a cursor into a rebuilt automaton.
+        self.pool_cursor = _Cursor(self.store.sam)
+        self.pool_version = self.store.version
+        for token in self.sequence[-self.config.max_predicts:]:
+            self.pool_cursor.advance(token)
+
+    def observe(self, verification: Verification) -> None:
+        super().observe(verification)
+        for token in verification.committed:
+            self._advance_local(token)
+            self.pool_cursor.advance(token)
+
+    def stop_request(self, request_id: str) -> None:
+        self.store.add_request(request_id, self.sequence)  # only now may others draft from it
+        super().stop_request(request_id)
+
+    def propose(self, budget: int) -> DraftTree:
+        if self.store.version != self.pool_version:
+            self._sync_pool_cursor()
+        tree = DraftTree.root(self.anchor)
+        cfg = self.config
+        cursors = sorted((self.local_cursor, self.pool_cursor), key=lambda c: -c.length)
+        best = cursors[0]  # stable sort: the local automaton wins ties
+        if best.length < cfg.min_match or budget < 2:
+            return tree
+        want = chain_length(best.length, cfg.alpha, cfg.max_predicts)
+        tree.add_chain(0, best.sam.continuation(best.state, min(want, budget - 1)), self.name)
+        chains = 1
+        # Back-off: other next tokens after the matched suffix (and shorter ones), one chain each.
+        for cursor in cursors:
+            if chains >= cfg.max_candidates or len(tree) >= budget:
+                break
+            if cursor.length < cfg.min_match:
+                continue
+            for token, nxt, length in cursor.sam.candidates(cursor.state, cursor.length,
+                                                             cfg.max_candidates, cfg.min_match):
+                if chains >= cfg.max_candidates or len(tree) >= budget:
+                    break
+                if tree.child(0, token) is not None:
+                    continue
+                room = budget - len(tree)  # >= 1 here
+                want = min(chain_length(length, cfg.alpha, cfg.max_predicts), room)
+                chain = [token] + cursor.sam.continuation(nxt, want - 1)
+                score = length / best.length  # shorter matches are less trustworthy
+                tree.add_chain(0, chain, self.name, [score] * len(chain))
+                chains += 1
+        return tree
