@@ -116,3 +116,17 @@ def test_models_that_cannot_honour_a_tree_mask_are_refused():
     with pytest.raises(ModelError, match="sliding_attention"):
         check_tree_attention(SimpleNamespace(_attn_implementation="sdpa",
                                              layer_types=["full_attention", "sliding_attention"]))
+
+
+def test_prefill_observation_matches_full_logits(smol, setup):
+    prompt, greedy = setup
+    verifier = TreeVerifier(smol.model, smol.stop_ids, VerifierConfig(top_k=5))
+    state, obs = verifier.prefill_observed(prompt, chunk=7)  # odd chunk: exercise the seams
+    with torch.inference_mode():
+        logits = smol.model(input_ids=torch.tensor([prompt[:-1]])).logits[0]  # [P, V]
+    assert obs.tokens == prompt[:-1] and state.length == len(prompt) - 1
+    assert obs.topk_ids.tolist() == logits.topk(5).indices.tolist()
+    assert obs.hidden.shape == (len(prompt) - 1, smol.model.config.hidden_size)
+    # Decoding from the observed prefill is unchanged.
+    ver = verifier.verify(state, DraftTree.root(prompt[-1]))
+    assert ver.committed == [greedy[0]]

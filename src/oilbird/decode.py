@@ -106,7 +106,11 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                            finish_reason="length")
     drafter.start_request(request_id, prompt_ids, tenant)
     t = time.perf_counter()
-    state = verifier.prefill(prompt_ids)
+    if drafter.needs_prefill:
+        state, observation = verifier.prefill_observed(prompt_ids)
+        drafter.observe_prefill(observation)
+    else:
+        state = verifier.prefill(prompt_ids)
     result.prefill_s = time.perf_counter() - t
     out = result.output_ids
     try:

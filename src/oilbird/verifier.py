@@ -57,6 +57,20 @@ class KVState:
 
 
 @dataclass
+class PrefillObservation:
+    """What the prefill forward computed, for drafters that harvest the prompt (GOOSE, Oilbird)."""
+
+    tokens: list[int]
+    """The prefilled tokens: the prompt without its last token (the anchor)."""
+    topk_ids: torch.Tensor
+    """[P, k] target top-k ids at every prefilled position (the prediction of the next token)."""
+    topk_logits: torch.Tensor
+    """[P, k] the logits of those ids."""
+    hidden: torch.Tensor | None
+    """[P, hidden] hidden state at the configured layer, or None."""
+
+
+@dataclass
 class Verification:
     """The outcome of one tree forward; handed to drafters as their observation."""
 
@@ -117,6 +131,39 @@ class TreeVerifier:
             # logits_to_keep=1: the prefill commits nothing, so skip the [P, V] logits.
             self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return KVState(cache=cache, length=len(prompt_ids) - 1, anchor=int(prompt_ids[-1]))
+
+    @torch.inference_mode()
+    def prefill_observed(self, prompt_ids: list[int],
+                         chunk: int = 256) -> tuple[KVState, PrefillObservation]:
+        """`prefill`, also returning the top-k and hidden state at every prefilled position.
+
+        The LM head is applied in chunks of `chunk` positions, so memory stays at
+        [chunk, V] logits instead of [P, V]. Costs roughly one extra LM-head pass over the prompt.
+        """
+        if not prompt_ids:
+            raise ValueError("cannot prefill an empty prompt")
+        cache = DynamicCache(config=self.model.config)
+        k = self.config.top_k
+        prefix = prompt_ids[:-1]
+        if not prefix:
+            empty = torch.zeros((0, k), dtype=torch.long)
+            return (KVState(cache=cache, length=0, anchor=int(prompt_ids[-1])),
+                    PrefillObservation([], empty, empty.float(), None))
+        ids = torch.tensor([prefix], device=self.device)  # [1, P]
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=True)
+        final = out.hidden_states[-1][0]  # [P, hidden], after the final norm
+        head = self.model.get_output_embeddings()
+        ids_parts, logit_parts = [], []
+        for start in range(0, final.shape[0], chunk):
+            top = head(final[start:start + chunk]).topk(k, dim=-1)  # [chunk, k]
+            ids_parts.append(top.indices)
+            logit_parts.append(top.values)
+        hidden = (out.hidden_states[self.config.hidden_layer][0]  # [P, hidden]
+                  if self.config.collect_hidden else None)
+        state = KVState(cache=cache, length=len(prefix), anchor=int(prompt_ids[-1]))
+        return state, PrefillObservation(list(prefix), torch.cat(ids_parts), torch.cat(logit_parts),
+                                         hidden)
 
     @torch.inference_mode()
     def verify(self, state: KVState, tree: DraftTree) -> Verification:

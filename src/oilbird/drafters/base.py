@@ -24,7 +24,7 @@ import dataclasses
 from typing import ClassVar
 
 from oilbird.tree import DraftTree
-from oilbird.verifier import Verification
+from oilbird.verifier import PrefillObservation, Verification
 
 
 class Drafter:
@@ -36,6 +36,8 @@ class Drafter:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = type("NoConfig", (), {})
+    needs_prefill: ClassVar[bool] = False
+    """True when the drafter harvests the prefill (top-k and hidden state at every prompt position)."""
 
     def __init__(self, config=None) -> None:
         self.config = config if config is not None else self.Config()
@@ -53,6 +55,9 @@ class Drafter:
         self.request_id = request_id
         self.tenant = tenant
         self.sequence = list(prompt_ids)
+
+    def observe_prefill(self, observation: PrefillObservation) -> None:
+        """Harvest the prefill; called right after `start_request` when `needs_prefill` is set."""
 
     def propose(self, budget: int) -> DraftTree:
         """A draft tree rooted at the anchor with at most `budget` nodes, root included."""

@@ -1,0 +1,249 @@
+"""Token Recycling (ALGORITHMS.md §5).
+
+Contract:
+
+* State: an adjacency table `A` mapping a token id to the top-k token ids the target predicted
+  after it the last time that token was an input of a verification forward. Rows are written
+  only by `observe`; a row that was never written is *unobserved* and proposes nothing (the
+  official code starts from zeros and would propose token 0; we skip such rows, as GOOSE-ref does).
+* Draft: the static "2.2.2" template (80 draft nodes, depth 6) is filled level by level,
+  `token[child] = A[token[parent]][rank]`, starting from the anchor. A child whose parent's row is
+  unobserved (or too short for its rank) is skipped, and with it its whole subtree. The tree holds
+  at most `budget` nodes, root included; the template is breadth-first, so a small budget keeps
+  the shallow nodes.
+* Update: after every verification forward, for every node `n` of the verified tree (rejected
+  ones included), `A[token[n]] = topk_ids[n, :k]`. When a token occurs at several nodes of one
+  tree, the last node wins.
+* Persistence: the table outlives requests (the official code never resets it), but there is one
+  table per *tenant*, so one tenant's traffic never reaches another tenant's drafts.
+* The prefill is not harvested: the verifier exposes no logits for prompt positions, and the
+  official TR code does not harvest them either (SAMD's TR and GOOSE-ref do). A fresh tenant's
+  table is therefore empty, and its first forward drafts nothing.
+
+Representation: the table is a dict `token id -> list of up to k ids` rather than a `[V, k]` array.
+The drafter does not know V, membership doubles as the observed mask, last-wins is what dict
+assignment does, and per-node scalar reads from Python lists are several times cheaper than from a
+numpy array, which matters because drafting is a Python loop over at most 80 nodes anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from oilbird.drafters.base import Drafter
+from oilbird.drafters.registry import register
+from oilbird.tree import DraftTree
+from oilbird.verifier import Verification
+
+RankPath = tuple[int, ...]
+"""A template node: the child ranks along its path from the root (the root itself is ())."""
+
+# The published "2.2.2" template, written as parent rank-path -> number of children (ranks
+# 0..n-1). 8/21/25/15/8/3 nodes at depths 1..6; 80 in all.
+_SPEC_2_2_2: dict[RankPath, int] = {
+    (): 8,
+    (0,): 8, (1,): 4, (2,): 3, (3,): 2, (4,): 1, (5,): 1, (6,): 1, (7,): 1,
+    (0, 0): 8, (0, 1): 3, (0, 2): 2, (0, 3): 1, (0, 4): 1, (0, 5): 1, (0, 6): 1, (0, 7): 1,
+    (1, 0): 2, (1, 1): 1, (2, 0): 1, (3, 0): 1, (4, 0): 1, (5, 0): 1,
+    (0, 0, 0): 5, (0, 0, 1): 2, (0, 0, 2): 1, (0, 0, 3): 1, (0, 0, 4): 1,
+    (0, 1, 0): 1, (0, 2, 0): 1, (1, 0, 0): 1, (2, 0, 0): 1, (3, 0, 0): 1,
+    (0, 0, 0, 0): 3, (0, 0, 0, 1): 1, (0, 0, 0, 2): 1, (0, 0, 1, 0): 1, (0, 1, 0, 0): 1,
+    (1, 0, 0, 0): 1,
+    (0, 0, 0, 0, 0): 2, (0, 0, 0, 1, 0): 1,
+}
+
+_TEMPLATE_SPECS: dict[str, dict[RankPath, int]] = {"2.2.2": _SPEC_2_2_2}
+
+
+@dataclass
+class TokenRecyclingConfig:
+    """Token Recycling parameters (TR defaults)."""
+
+    top_k: int = 8
+    """k: width of an adjacency row, i.e. how many of the target's top-k ids a row keeps. The verifier must expose at least this many (VerifierConfig.top_k); template ranks >= the row width are skipped."""
+    template: str = "2.2.2"
+    """Name of the static tree template filled from the table (80 draft nodes, depth 6)."""
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.template not in _TEMPLATE_SPECS:
+            raise ValueError(f"unknown template {self.template!r}; known templates: "
+                             f"{', '.join(sorted(_TEMPLATE_SPECS))}")
+
+
+def template_paths(name: str = "2.2.2") -> list[RankPath]:
+    """The draft nodes of template `name` as rank-paths, in breadth-first order.
+
+    All depth-1 nodes come first, then all depth-2 nodes, and so on; within a depth, nodes follow
+    their parents' order, then rank. So parents always precede children, and any prefix is a
+    valid template that keeps the shallow nodes.
+
+    Args:
+        name: a known template name ("2.2.2").
+
+    Returns:
+        The rank-paths of the draft nodes (the root, (), is not listed).
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    try:
+        spec = _TEMPLATE_SPECS[name]
+    except KeyError:
+        raise ValueError(f"unknown template {name!r}; known templates: "
+                         f"{', '.join(sorted(_TEMPLATE_SPECS))}") from None
+    paths: list[RankPath] = []
+    frontier: list[RankPath] = [()]
+    while frontier:
+        level = [parent + (rank,) for parent in frontier for rank in range(spec.get(parent, 0))]
+        paths.extend(level)
+        frontier = level
+    return paths
+
+
+def template_plan(paths: Sequence[RankPath]) -> list[tuple[int, int]]:
+    """Per template node, (parent slot, rank), where slot 0 is the root and slot i+1 is paths[i].
+
+    Precomputed once so drafting needs no tuple lookups.
+
+    Raises:
+        ValueError: if a node's parent is not listed before it.
+    """
+    slot = {(): 0}
+    plan = []
+    for i, path in enumerate(paths):
+        parent = path[:-1]
+        if parent not in slot:
+            raise ValueError(f"template node {path} comes before its parent {parent}")
+        plan.append((slot[parent], path[-1]))
+        slot[path] = i + 1
+    return plan
+
+
+class AdjacencyTable:
+    """The TR adjacency table: token id -> the target's top-k next ids, best first.
+
+    A dict of rows (see the module docstring for why not a [V, k] array); a token without a row
+    is unobserved.
+
+    Args:
+        k: the most ids a row keeps.
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.rows: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        """The number of observed rows."""
+        return len(self.rows)
+
+    def observed(self, token: int) -> bool:
+        """Whether `token`'s row was ever written."""
+        return token in self.rows
+
+    def row(self, token: int) -> list[int] | None:
+        """`token`'s row (best first), or None when unobserved."""
+        return self.rows.get(token)
+
+    def update(self, tokens, topk_ids) -> None:
+        """Overwrite row tokens[n] with topk_ids[n, :k] for every n; on duplicates the last wins.
+
+        Args:
+            tokens: [N] input token ids of one forward (a list, or a tensor / array).
+            topk_ids: [N, >=1] the target's top ids at each of those inputs, best first
+                (a tensor / array, converted once, or nested lists).
+
+        Raises:
+            ValueError: if the two lengths differ.
+        """
+        if hasattr(tokens, "tolist"):
+            tokens = tokens.tolist()  # tensor elements would hash by identity, not value
+        if hasattr(topk_ids, "tolist"):
+            topk_ids = topk_ids[:, : self.k].tolist()  # one conversion (and transfer) per forward
+        else:
+            topk_ids = [list(r[: self.k]) for r in topk_ids]
+        if len(tokens) != len(topk_ids):
+            raise ValueError(f"{len(tokens)} tokens but {len(topk_ids)} top-k rows")
+        rows = self.rows
+        for token, ids in zip(tokens, topk_ids):  # in node order, so the last duplicate wins
+            rows[token] = ids
+
+
+def draft_from_table(anchor: int, table: AdjacencyTable, plan: Sequence[tuple[int, int]],
+                     budget: int, source: str = "tr") -> DraftTree:
+    """Fill a template from the table, level by level, within `budget` nodes.
+
+    token[child] = row(token[parent])[rank]. A slot whose parent slot was skipped, whose parent's
+    row is unobserved, or whose rank is beyond the row's width is skipped, and so is its subtree.
+    Node score = product over the path of 1 / (1 + rank): 1/2 for a rank-1 child of a rank-0
+    child, and so on, a cheap stand-in for the path's probability that only decreases with depth
+    and rank (the verifier ignores it; merging drafters may rank by it).
+
+    Args:
+        anchor: the root token (the last committed token).
+        table: the adjacency table to read.
+        plan: `template_plan(template_paths(...))`.
+        budget: the most nodes in the tree, root included (<= 1 gives the root only).
+        source: source tag for the drafted nodes.
+
+    Returns:
+        A DraftTree with at most `budget` nodes; siblings holding the same token are merged.
+    """
+    tree = DraftTree.root(anchor)
+    if budget <= 1:
+        return tree
+    rows = table.rows
+    # Per slot (0 = root, i+1 = plan[i]): the tree node holding it, its row (None = draft nothing
+    # below it) and its score. Skipped slots get node -1 and row None, so their subtrees vanish.
+    slot_node = [0]
+    slot_row = [rows.get(anchor)]
+    slot_score = [1.0]
+    for parent_slot, rank in plan:
+        row = slot_row[parent_slot]
+        if row is None or rank >= len(row):
+            slot_node.append(-1)
+            slot_row.append(None)
+            slot_score.append(0.0)
+            continue
+        token = row[rank]
+        score = slot_score[parent_slot] / (1 + rank)
+        slot_node.append(tree.add(slot_node[parent_slot], token, source, score))
+        slot_row.append(rows.get(token))
+        slot_score.append(score)
+        if len(tree) >= budget:
+            break
+    return tree
+
+
+@register
+class TokenRecycling(Drafter):
+    """TR: a static template filled from the target's recycled top-k predictions, one table per tenant."""
+
+    name = "tr"
+    Config = TokenRecyclingConfig
+
+    def __init__(self, config: TokenRecyclingConfig | None = None) -> None:
+        super().__init__(config)
+        self.plan = template_plan(template_paths(self.config.template))
+        self.tables: dict[str, AdjacencyTable] = {}  # tenant -> its table, kept across requests
+        self.table = self._table_of(self.tenant)
+
+    def _table_of(self, tenant: str) -> AdjacencyTable:
+        table = self.tables.get(tenant)
+        if table is None:
+            table = self.tables[tenant] = AdjacencyTable(self.config.top_k)
+        return table
+
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
+        super().start_request(request_id, prompt_ids, tenant)
+        self.table = self._table_of(tenant)  # the prompt itself is not harvested (official TR)
+
+    def propose(self, budget: int) -> DraftTree:
+        return draft_from_table(self.anchor, self.table, self.plan, budget, self.name)
+
+    def observe(self, verification: Verification) -> None:
+        super().observe(verification)
+        self.table.update(verification.tree.tokens, verification.topk_ids)
