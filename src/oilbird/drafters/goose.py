@@ -1,0 +1,298 @@
+"""GOOSE: an anisotropic spine tree from two sources under one node budget (ALGORITHMS.md §6).
+
+- *Spine*: a lexical chain from the request's own text (the context matcher: n-grams of 5, 4, 3
+  tokens, earliest occurrence, up to 20 tokens), extended while it is confident, and cut to a
+  length that grows with its confidence and with the observed spine acceptance (an EMA).
+- *Branches*: successors from a two-tier adjacency table (bigram (prev, cur) first, then unigram
+  cur) harvested from the target's top-K at every node of every forward, rejected nodes and the
+  prefill included. Scores are the softmax over the top-K logits.
+- One budget B' = 60 + floor(40·c): the spine takes floor(B'·r) nodes, then the rest is split
+  between branches at the root and branches along the spine (weights 1/i), and grown breadth
+  first to depth 6. Shared prefixes are paid once: a branch successor equal to the next spine
+  token only adds its tag to the spine node.
+
+Every node is tagged with the sources that proposed it: "pld" for the spine (it is prompt lookup)
+and "tr" for adjacency successors. Adjacency tables persist per tenant across requests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from oilbird.drafters.base import Drafter
+from oilbird.drafters.registry import register
+from oilbird.tree import DraftTree
+from oilbird.verifier import PrefillObservation, Verification
+
+SPINE, BRANCH = "pld", "tr"
+
+
+@dataclass
+class GooseConfig:
+    """GOOSE parameters (values of the GOOSE reference code)."""
+
+    node_budget: int = 60
+    """Base node budget B0 per forward (the decode loop's budget caps it further)."""
+    budget_extension: int = 40
+    """Extra nodes at full confidence: B' = node_budget + floor(c * budget_extension)."""
+    max_branch_depth: int = 6
+    """Only branch nodes shallower than this grow children."""
+    top_k: int = 10
+    """K: successors kept per adjacency row."""
+    min_score: float = 0.01
+    """Successors scoring below this are not drafted."""
+    spine_branch_share: float = 0.5
+    """Share of the branch budget spent along the spine (the rest goes under the root)."""
+    max_chain: int = 20
+    """Tokens copied per context match."""
+    extended_chain: int = 100
+    """Cap on a confidently extended chain: floor(c * extended_chain)."""
+    ngram_sizes: str = "5,4,3"
+    """N-gram sizes of the context matcher, tried longest first."""
+    long_match: int = 8
+    """Chains at least this long get confidence 0.7 to 0.9."""
+    extension_confidence: float = 0.6
+    """Chains above this confidence are extended by re-matching from their end."""
+    consensus_min: int = 2
+    """Occurrences, all followed by the same token, that make a match a consensus (c = 1)."""
+    ema_alpha: float = 0.3
+    """Weight of the newest cycle in the spine-acceptance EMA."""
+    ema_init: float = 0.5
+    """Spine-acceptance EMA at the start of a request."""
+    use_bigram: bool = True
+    """Consult the (prev, cur) tier before the unigram tier."""
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.node_budget < 1 or self.max_chain < 1:
+            raise ValueError("top_k, node_budget and max_chain must be >= 1")
+        if not self.ngrams():
+            raise ValueError(f"ngram_sizes must list positive sizes, got {self.ngram_sizes!r}")
+
+    def ngrams(self) -> tuple[int, ...]:
+        sizes = sorted({int(x) for x in self.ngram_sizes.split(",") if x.strip()}, reverse=True)
+        return tuple(n for n in sizes if n > 0)
+
+
+# --- spine: the context matcher ------------------------------------------------------------
+
+@dataclass
+class _Occurrences:
+    first: int  # earliest start with a following token
+    count: int  # occurrences with a following token
+    follower: int | None  # the token all occurrences are followed by, None once they disagree
+
+
+class ContextMatcher:
+    """N-gram index over one request's text: earliest occurrence, count and consensus follower."""
+
+    def __init__(self, sizes: tuple[int, ...], consensus_min: int = 2) -> None:
+        self.sizes = sizes
+        self.consensus_min = consensus_min
+        self.seq: list[int] = []
+        self.table: dict[int, dict[tuple[int, ...], _Occurrences]] = {n: {} for n in sizes}
+
+    def extend(self, tokens) -> None:
+        for token in tokens:
+            self.seq.append(int(token))
+            end = len(self.seq) - 1  # n-grams ending before `end` now have a follower
+            for n, table in self.table.items():
+                start = end - n
+                if start < 0:
+                    continue
+                key = tuple(self.seq[start:end])
+                occ = table.get(key)
+                if occ is None:
+                    table[key] = _Occurrences(start, 1, self.seq[end])
+                else:
+                    occ.count += 1
+                    if occ.follower != self.seq[end]:
+                        occ.follower = None
+
+    def match(self, text_tail: list[int], max_tokens: int) -> tuple[list[int], bool]:
+        """Continuation of the longest n-gram ending `text_tail`, and whether it is a consensus."""
+        for n in self.sizes:
+            if len(text_tail) < n:
+                continue
+            occ = self.table[n].get(tuple(text_tail[-n:]))
+            if occ is not None:
+                chain = self.seq[occ.first + n:occ.first + n + max_tokens]
+                return chain, occ.follower is not None and occ.count >= self.consensus_min
+        return [], False
+
+
+def chain_confidence(chain: list[int], consensus: bool, long_match: int = 8) -> float:
+    """GOOSE's confidence c in [0, 1] of a context-matched chain."""
+    if not chain:
+        return 0.0
+    if consensus:
+        return 1.0
+    length = len(chain)
+    if length >= long_match:
+        return min(0.9, 0.7 + 0.2 * (length - long_match) / 12)
+    return 0.6 * length / long_match
+
+
+def propose_spine(matcher: ContextMatcher, text: list[int], cfg: GooseConfig) -> tuple[list[int], float]:
+    """The spine chain and its confidence, extended by re-matching while confident."""
+    tail_len = max(cfg.ngrams())
+    chain, consensus = matcher.match(text[-tail_len:], cfg.max_chain)
+    c = chain_confidence(chain, consensus, cfg.long_match)
+    if c > cfg.extension_confidence:
+        limit = math.floor(cfg.extended_chain * c)
+        while len(chain) < limit:
+            tail = (text + chain)[-tail_len:]
+            more, more_consensus = matcher.match(tail, cfg.max_chain)
+            if not more:
+                break
+            chain.extend(more[: limit - len(chain)])
+            if c == 1.0 and not more_consensus:
+                break  # the first non-consensus proposal is kept, then extension stops
+    return chain, c
+
+
+# --- branches: the two-tier adjacency table ------------------------------------------------
+
+@dataclass
+class AdjacencyTable:
+    """Successors harvested from the target's top-K: unigram cur -> ..., bigram (prev, cur) -> ..."""
+
+    unigram: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
+    bigram: dict[tuple[int, int], tuple[list[int], list[float]]] = field(default_factory=dict)
+
+    def harvest(self, tokens: list[int], prevs: list[int | None], topk_ids: torch.Tensor,
+                topk_logits: torch.Tensor, k: int) -> None:
+        """Record each position's top-k (last occurrence wins).
+
+        Args:
+            tokens: token at each position.
+            prevs: the token before each position (None: no bigram key).
+            topk_ids, topk_logits: [n, >=k] the target's top-k at each position.
+        """
+        ids = topk_ids[:, :k].tolist()
+        scores = torch.softmax(topk_logits[:, :k].float(), dim=-1).tolist()  # within top-k
+        for token, prev, row_ids, row_scores in zip(tokens, prevs, ids, scores):
+            entry = (row_ids, row_scores)
+            self.unigram[token] = entry
+            if prev is not None:
+                self.bigram[(prev, token)] = entry
+
+    def successors(self, prev: int | None, token: int, use_bigram: bool) -> list[tuple[int, float]]:
+        entry = self.bigram.get((prev, token)) if use_bigram and prev is not None else None
+        if entry is None:
+            entry = self.unigram.get(token)
+        return list(zip(*entry)) if entry else []
+
+
+# --- the tree ------------------------------------------------------------------------------
+
+def build_goose_tree(anchor: int, prev_anchor: int | None, chain: list[int], c: float, ema: float,
+                     table: AdjacencyTable, cfg: GooseConfig, budget: int) -> tuple[DraftTree, list[int]]:
+    """GOOSE's Algorithm 1. Returns the tree and the indices of its spine nodes."""
+    total = min(budget, cfg.node_budget + math.floor(c * cfg.budget_extension))
+    tree = DraftTree.root(anchor)
+    r0 = 0.15 if ema < 0.2 else 0.30 if ema < 0.4 else 0.50
+    r = r0 + c * (1 - r0)
+    spine_len = min(len(chain), math.floor(total * r), total - 1)
+    spine = []
+    node = 0
+    for token in chain[:spine_len]:
+        node = tree.add(node, token, SPINE, c)
+        spine.append(node)
+
+    def succ(parent: int) -> list[tuple[int, float]]:
+        prev = tree.tokens[tree.parents[parent]] if parent > 0 else prev_anchor
+        return table.successors(prev, tree.tokens[parent], cfg.use_bigram)
+
+    queue: deque[tuple[int, float]] = deque()
+
+    def attach(parent: int, allowance: int) -> int:
+        """Attach up to `allowance` new successors under `parent`; returns how many were paid."""
+        paid = 0
+        for token, score in succ(parent):
+            if paid >= allowance or len(tree) >= total or score < cfg.min_score:
+                break
+            existing = tree.child(parent, token)
+            child = tree.add(parent, token, BRANCH, score)  # a spine match only gains the tag
+            if existing is None:
+                paid += 1
+                if tree.depths[child] < cfg.max_branch_depth:
+                    queue.append((child, score))
+        return paid
+
+    branch_budget = total - 1 - spine_len
+    spine_share = max(1, math.floor(cfg.spine_branch_share * branch_budget)) if spine else 0
+    spine_share = min(spine_share, branch_budget)
+    attach(0, branch_budget - spine_share)
+    if spine:
+        weights = [1.0 / i for i in range(1, len(spine) + 1)]
+        norm = sum(weights)
+        left = spine_share
+        for node, w in zip(spine, weights):
+            if left <= 0:
+                break
+            left -= attach(node, min(left, max(1, math.floor(spine_share * w / norm))))
+    while queue and len(tree) < total:
+        node, score = queue.popleft()
+        options = succ(node)
+        remaining = total - len(tree)
+        width = max(1, min(len(options), math.ceil(remaining * score)))
+        width = min(width, max(1, cfg.top_k // tree.depths[node]))
+        for token, s in options[:width]:
+            if len(tree) >= total or s < cfg.min_score:
+                break
+            existing = tree.child(node, token)
+            child = tree.add(node, token, BRANCH, score * s)
+            if existing is None and tree.depths[child] < cfg.max_branch_depth:
+                queue.append((child, score * s))
+    return tree, spine
+
+
+@register
+class Goose(Drafter):
+    """GOOSE: context-matched spine plus adjacency branches in one tree."""
+
+    name = "goose"
+    Config = GooseConfig
+    needs_prefill = True  # the adjacency table harvests every prompt position too
+
+    def __init__(self, config: GooseConfig | None = None) -> None:
+        super().__init__(config)
+        self.tables: dict[str, AdjacencyTable] = {}  # per tenant: no cross-tenant drafts
+        self.spine_nodes: list[int] = []
+
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
+        super().start_request(request_id, prompt_ids, tenant)
+        self.table = self.tables.setdefault(tenant, AdjacencyTable())
+        self.matcher = ContextMatcher(self.config.ngrams(), self.config.consensus_min)
+        self.matcher.extend(prompt_ids)
+        self.ema = self.config.ema_init
+        self.spine_nodes = []
+
+    def observe_prefill(self, observation: PrefillObservation) -> None:
+        tokens = observation.tokens
+        prevs = [None] + tokens[:-1]
+        self.table.harvest(tokens, prevs, observation.topk_ids, observation.topk_logits,
+                           self.config.top_k)
+
+    def propose(self, budget: int) -> DraftTree:
+        chain, c = propose_spine(self.matcher, self.sequence, self.config)
+        prev = self.sequence[-2] if len(self.sequence) > 1 else None
+        tree, self.spine_nodes = build_goose_tree(self.anchor, prev, chain, c, self.ema,
+                                                  self.table, self.config, budget)
+        return tree
+
+    def observe(self, verification: Verification) -> None:
+        tree = verification.tree
+        prevs = [None] + [tree.tokens[p] for p in tree.parents[1:]]  # the root's key uses none
+        self.table.harvest(tree.tokens, prevs, verification.topk_ids, verification.topk_logits,
+                           self.config.top_k)
+        if self.spine_nodes:
+            accepted = len(set(verification.path) & set(self.spine_nodes))
+            rate = accepted / len(self.spine_nodes)
+            self.ema = self.config.ema_alpha * rate + (1 - self.config.ema_alpha) * self.ema
+        super().observe(verification)
+        self.matcher.extend(verification.committed)

@@ -1,0 +1,183 @@
+"""Token Recycling: the template, the adjacency table, drafting, tenants; and one end-to-end run."""
+
+import pytest
+import torch
+
+import oilbird.drafters.token_recycling  # noqa: F401  (import registers "tr")
+from oilbird.drafters import make_drafter
+from oilbird.drafters.token_recycling import (AdjacencyTable, TokenRecyclingConfig,
+                                              draft_from_table, template_paths, template_plan)
+from oilbird.tree import DraftTree
+from oilbird.verifier import Verification
+
+PLAN = template_plan(template_paths("2.2.2"))
+
+
+def fake_verification(tree: DraftTree, topk: list[list[int]], committed: list[int]) -> Verification:
+    """A Verification as the verifier would build it, from hand-written top-k rows."""
+    ids = torch.tensor(topk, dtype=torch.long)  # [N, k]
+    return Verification(tree=tree, prefix_len=10, argmax=ids[:, 0], topk_ids=ids,
+                        topk_logits=torch.zeros(ids.shape), hidden=None, path=[],
+                        committed=committed, finished=False)
+
+
+def full_table(k: int = 8) -> AdjacencyTable:
+    """Row t = [10t, 10t+1, ...] for every token reachable from root 1: digits spell the rank-path."""
+    table = AdjacencyTable(k)
+    for path in [()] + template_paths("2.2.2"):  # the tokens a draft from root 1 can reach
+        t = 1
+        for r in path:
+            t = 10 * t + r
+        table.rows[t] = [10 * t + r for r in range(k)]
+    return table
+
+
+# --- template -------------------------------------------------------------------------------
+
+def test_template_2_2_2_shape():
+    paths = template_paths("2.2.2")
+    assert len(paths) == 80 and len(set(paths)) == 80
+    per_depth = [sum(len(p) == d for p in paths) for d in range(1, 7)]
+    assert per_depth == [8, 21, 25, 15, 8, 3]
+    assert [len(p) for p in paths] == sorted(len(p) for p in paths)  # breadth-first
+    seen = {()}
+    for path in paths:
+        assert path[:-1] in seen  # parent listed (earlier)
+        assert all(0 <= r < 8 for r in path)
+        seen.add(path)
+    assert paths[:8] == [(r,) for r in range(8)]
+    assert paths[-3:] == [(0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 1), (0, 0, 0, 1, 0, 0)]
+
+
+def test_unknown_template_is_refused_with_known_names():
+    with pytest.raises(ValueError, match=r"known templates: 2\.2\.2"):
+        TokenRecyclingConfig(template="3.3")
+    with pytest.raises(ValueError, match="2.2.2"):
+        template_paths("nope")
+    with pytest.raises(ValueError):
+        TokenRecyclingConfig(top_k=0)
+
+
+# --- adjacency table ------------------------------------------------------------------------
+
+def test_update_overwrites_rows_and_last_duplicate_wins():
+    table = AdjacencyTable(k=2)
+    table.update([5, 6], [[1, 2], [3, 4]])
+    table.update([5, 7, 5], torch.tensor([[11, 12, 13], [21, 22, 23], [31, 32, 33]]))
+    assert table.row(5) == [31, 32]  # overwritten, last of the two 5s, cut to k
+    assert table.row(6) == [3, 4]    # untouched rows persist
+    assert table.row(7) == [21, 22]
+    assert not table.observed(0) and table.row(0) is None
+    assert len(table) == 3
+    with pytest.raises(ValueError):
+        table.update([1, 2], [[1]])
+
+
+# --- drafting -------------------------------------------------------------------------------
+
+def test_drafting_fills_every_template_slot_from_its_parents_row():
+    tree = draft_from_table(1, full_table(), PLAN, budget=81)
+    assert len(tree) == 81  # all rows observed and siblings distinct: nothing merged or skipped
+    paths = template_paths("2.2.2")
+    for i, path in enumerate(paths):
+        node = i + 1  # no skips, so slots and tree nodes coincide
+        parent_token = tree.tokens[tree.parents[node]]
+        assert tree.tokens[node] == 10 * parent_token + path[-1]
+        assert tree.depths[node] == len(path)
+        assert tree.sources[node] == {"tr"}
+        expected = 1.0
+        for r in path:
+            expected /= 1 + r
+        assert tree.scores[node] == pytest.approx(expected)
+
+
+def test_unobserved_rows_are_skipped_with_their_subtrees():
+    table = AdjacencyTable(8)
+    table.update([1, 10], [list(range(10, 18)), list(range(20, 28))])  # rows of 1 and 10 only
+    tree = draft_from_table(1, table, PLAN, budget=81)
+    # Depth 1: row(1) gives 10..17. Depth 2: only 10 (rank 0) has a row, with 8 children
+    # 20..27 in the template. Nothing at depth 3: no token 20..27 is observed.
+    assert tree.tokens[1:9] == list(range(10, 18))
+    assert tree.tokens[9:] == list(range(20, 28))
+    assert all(tree.parents[n] == 1 for n in range(9, 17))
+    assert 0 not in tree.tokens
+
+
+def test_empty_table_drafts_the_root_only():
+    tree = draft_from_table(3, AdjacencyTable(8), PLAN, budget=81)
+    assert tree.tokens == [3]
+
+
+@pytest.mark.parametrize("budget", [1, 2, 9, 30, 64, 81, 200])
+def test_budget_is_respected_and_keeps_shallow_nodes(budget):
+    tree = draft_from_table(1, full_table(), PLAN, budget)
+    assert len(tree) == min(budget, 81)
+    if budget == 1:
+        assert tree.tokens == [1]
+    assert tree.depths == sorted(tree.depths)  # a prefix of the breadth-first template
+
+
+def test_short_rows_skip_ranks_beyond_their_width():
+    tree = draft_from_table(1, full_table(k=2), PLAN, budget=81)
+    assert all(tree.tokens[n] % 10 < 2 for n in range(1, len(tree)))
+    assert len(tree) == 1 + sum(all(r < 2 for r in p) for p in template_paths("2.2.2"))
+
+
+# --- the drafter ----------------------------------------------------------------------------
+
+def test_drafter_learns_from_observe_and_persists_across_requests_of_a_tenant():
+    drafter = make_drafter("tr")
+    drafter.start_request("r0", [4, 5, 1], tenant="a")
+    assert drafter.propose(81).tokens == [1]  # prefill not harvested: nothing to draft from
+    verified = DraftTree.root(1)
+    verified.add(0, 2, "tr")
+    topk = [list(range(2, 12)), [7] + list(range(20, 29))]  # [N=2, 10] as the verifier gives
+    drafter.observe(fake_verification(verified, topk, [2, 7]))
+    assert drafter.sequence == [4, 5, 1, 2, 7]
+    assert drafter.table.row(1) == list(range(2, 10))  # cut to k = 8
+    assert drafter.table.row(2) == [7] + list(range(20, 27))
+    drafter.stop_request("r0")
+
+    drafter.start_request("r1", [9, 1], tenant="a")  # same tenant: the table carried over
+    tree = drafter.propose(81)
+    # Depth 1 from row(1); depth 2 only under 2 (rank 0, 8 template children); nothing deeper.
+    assert tree.tokens == [1] + list(range(2, 10)) + [7] + list(range(20, 27))
+    assert tree.parents == [-1] + [0] * 8 + [1] * 8
+
+
+def test_tenants_are_isolated():
+    drafter = make_drafter("tr")
+    drafter.start_request("a0", [1], tenant="a")
+    drafter.observe(fake_verification(DraftTree.root(1), [[2] * 10], [2]))
+    drafter.stop_request("a0")
+    drafter.start_request("b0", [1], tenant="b")
+    assert drafter.propose(81).tokens == [1]  # tenant a's row for 1 never reaches tenant b
+    drafter.observe(fake_verification(DraftTree.root(1), [[5] * 10], [5]))
+    drafter.stop_request("b0")
+    drafter.start_request("a1", [1], tenant="a")
+    assert drafter.propose(81).tokens[:2] == [1, 2]  # and b's row did not overwrite a's
+    assert set(drafter.tables) >= {"a", "b"}
+
+
+# --- end to end on the real model (loads SmolLM2; slow) --------------------------------------
+
+def test_tr_output_equals_greedy_on_api_bank(smol, api_bank_prompts):
+    from oilbird.audit import compare, greedy_reference
+    from oilbird.decode import DecodeConfig, decode
+    from oilbird.verifier import TreeVerifier
+
+    max_new = 48
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    drafter = make_drafter("tr")  # one instance (one table) across requests, as the benchmark serves them
+    forwards = tokens = 0
+    for i, ids in enumerate(api_bank_prompts):
+        ref = greedy_reference(smol.model, ids, max_new, smol.stop_ids)
+        result = decode(verifier, drafter, ids, DecodeConfig(max_new_tokens=max_new, node_budget=81),
+                        max_context=smol.max_context, request_id=f"r{i}")
+        audit = compare(result.output_ids, ref)
+        assert audit.lossless, f"request {i}: {audit}"
+        assert sum(result.committed_per_forward) == len(result.output_ids)
+        assert max(result.nodes_per_forward) <= 81
+        forwards += result.forwards
+        tokens += len(result.output_ids)
+    assert tokens / forwards > 1.0  # pooled τ: recycled top-k predictions must get accepted
