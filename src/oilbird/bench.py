@@ -133,7 +133,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
             res = hf_prompt_lookup(loaded.model, ids, limit, loaded.stop_ids)
             return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s,
                         prefill_s=None, draft_s=None, forward_s=None, bookkeeping_s=None,
-                        finish_reason=None, excess_tokens=0, accepted_sources={},
+                        finish_reason=None, excess_tokens=0, accepted_drafts=None,
+                        accepted_sources={}, sole_sources={},
                         committed_per_forward=None, nodes_per_forward=None)
         res = decode(verifier, drafter, ids, DecodeConfig(limit, config.node_budget),
                      max_context=loaded.max_context, request_id=request_id,
@@ -141,7 +142,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
         return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s,
                     prefill_s=res.prefill_s, draft_s=res.draft_s, forward_s=res.forward_s,
                     bookkeeping_s=res.bookkeeping_s, finish_reason=res.finish_reason,
-                    excess_tokens=res.excess_tokens, accepted_sources=res.accepted_sources,
+                    excess_tokens=res.excess_tokens, accepted_drafts=res.accepted_drafts,
+                    accepted_sources=res.accepted_sources, sole_sources=res.sole_sources,
                     committed_per_forward=res.committed_per_forward,
                     nodes_per_forward=res.nodes_per_forward)
 
@@ -224,6 +226,17 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
         row["draft_share"] = sum(r["draft_s"] for r in recs) / cycle if has_split and cycle else None
         row["bookkeeping_share"] = (sum(r["bookkeeping_s"] for r in recs) / cycle
                                     if has_split and cycle else None)
+        # Per-source attribution over accepted draft tokens (bonus tokens excluded).
+        drafts = sum(r.get("accepted_drafts") or 0 for r in recs)
+        row["accepted_drafts"] = drafts
+        row["source_share"], row["sole_source_share"] = {}, {}
+        for key, out in (("accepted_sources", row["source_share"]),
+                         ("sole_sources", row["sole_source_share"])):
+            for r in recs:
+                for source, count in (r.get(key) or {}).items():
+                    out[source] = out.get(source, 0) + count
+            for source in out:
+                out[source] = out[source] / drafts if drafts else 0.0
         # Decode phase only: the prefill is identical across methods and dilutes the ratio.
         row["decode_tokens_per_s"] = tokens / cycle if has_split and cycle else None
         rows.append(row)

@@ -48,8 +48,12 @@ class RequestResult:
     """Tokens committed by each verification forward (after truncation to the limit)."""
     nodes_per_forward: list[int] = field(default_factory=list)
     """Tree size of each verification forward, root included."""
+    accepted_drafts: int = 0
+    """Accepted draft tokens (committed tokens minus bonus tokens)."""
     accepted_sources: dict[str, int] = field(default_factory=dict)
     """Accepted draft tokens per source tag (a token with several tags counts for each)."""
+    sole_sources: dict[str, int] = field(default_factory=dict)
+    """Accepted draft tokens whose only tag is the source."""
     excess_tokens: int = 0
     """Committed tokens dropped because they overshot max_new_tokens."""
     prefill_s: float = 0.0
@@ -133,8 +137,13 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             result.committed_per_forward.append(len(committed))
             result.nodes_per_forward.append(len(tree))
             for node in ver.path[: len(committed)]:
-                for source in tree.sources[node]:
+                result.accepted_drafts += 1
+                tags = tree.sources[node]
+                for source in tags:
                     result.accepted_sources[source] = result.accepted_sources.get(source, 0) + 1
+                if len(tags) == 1:
+                    (only,) = tags
+                    result.sole_sources[only] = result.sole_sources.get(only, 0) + 1
             drafter.observe(ver)
             result.bookkeeping_s += ver.bookkeeping_s + time.perf_counter() - t
             if ver.finished and len(committed) == len(ver.committed):

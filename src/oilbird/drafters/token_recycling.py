@@ -21,9 +21,12 @@ Contract:
   table is therefore empty, and its first forward drafts nothing.
 
 Representation: the table is a dict `token id -> list of up to k ids` rather than a `[V, k]` array.
-The drafter does not know V, membership doubles as the observed mask, last-wins is what dict
-assignment does, and per-node scalar reads from Python lists are several times cheaper than from a
-numpy array, which matters because drafting is a Python loop over at most 80 nodes anyway.
+The drafter does not know V, membership doubles as the observed mask, and last-wins is simply what
+dict assignment in node order does (numpy fancy assignment leaves the winner among duplicate
+indices unspecified). Drafting is a Python loop over at most 80 nodes either way, and a numpy
+table measured no faster (about 48 µs per full 81-node propose with either, over half of it in
+`DraftTree.add`). An update costs one `.tolist()` of the [N, k] top-k (one device transfer)
+plus N dict stores: about 17 µs for N = 81 on CPU.
 """
 
 from __future__ import annotations
