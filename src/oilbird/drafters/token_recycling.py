@@ -16,9 +16,10 @@ Contract:
   tree, the last node wins.
 * Persistence: the table outlives requests (the official code never resets it), but there is one
   table per *tenant*, so one tenant's traffic never reaches another tenant's drafts.
-* The prefill is not harvested: the verifier exposes no logits for prompt positions, and the
-  official TR code does not harvest them either (SAMD's TR and GOOSE-ref do). A fresh tenant's
-  table is therefore empty, and its first forward drafts nothing.
+* The prefill is not harvested, as in the official TR code (SAMD's TR and GOOSE-ref do harvest
+  every prompt position): `needs_prefill` stays False, so no prompt-position top-k is computed
+  for this drafter. A fresh tenant's table is therefore empty, and its first forward drafts
+  nothing.
 
 Representation: the table is a dict `token id -> list of up to k ids` rather than a `[V, k]` array.
 The drafter does not know V, membership doubles as the observed mask, and last-wins is simply what
@@ -64,7 +65,8 @@ class TokenRecyclingConfig:
     """Token Recycling parameters (TR defaults)."""
 
     top_k: int = 8
-    """k: width of an adjacency row, i.e. how many of the target's top-k ids a row keeps. The verifier must expose at least this many (VerifierConfig.top_k); template ranks >= the row width are skipped."""
+    """k: adjacency row width, the target's top ids kept per row (VerifierConfig.top_k must be
+    at least this; template ranks beyond a row's width are skipped)."""
     template: str = "2.2.2"
     """Name of the static tree template filled from the table (80 draft nodes, depth 6)."""
 

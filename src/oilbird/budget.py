@@ -1,0 +1,190 @@
+"""Hardware-aware node budget: pick the tree size that maximises committed tokens per second.
+
+A forward over N tokens costs very different amounts on a CPU (several times one token at
+N = 64) and on a GPU at batch 1 (about the same as one token). The best budget therefore depends
+on the machine as much as on the drafter.
+
+- `CostCurve` is the measured forward time against N for one model on one device, cached on disk
+  keyed by model, device, thread count and library versions, so it is measured once.
+- `AdaptiveBudget` estimates, online, the expected committed tokens per forward E(B) for each
+  candidate budget B, and picks argmax E(B) / cost(B). Its estimator rests on one property of our
+  trees: nodes are added in priority order and parents precede children, so the tree a drafter
+  builds under budget B is (approximately) the first B nodes of the tree it builds under a larger
+  budget. From one verified tree of size N with accepted path c1 < c2 < ... we therefore know what
+  every budget B <= N would have committed: 1 + #{leading path nodes with index < B}. Larger
+  budgets are explored every `explore_every` forwards, and old cycles decay so the estimate
+  follows the traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from oilbird.tree import DraftTree
+
+
+@dataclass
+class BudgetConfig:
+    """How the decoder chooses the node budget of each forward."""
+
+    mode: str = "fixed"
+    """'fixed': every forward gets the decode loop's node budget; 'auto': chosen from the cost curve and observed acceptance."""
+    grid: str = "1,2,4,6,8,12,16,24,32,48,64,96,128"
+    """Candidate budgets (nodes, root included) for 'auto'; capped by the loop's node budget."""
+    explore_every: int = 8
+    """In 'auto', every N-th forward uses the largest candidate, keeping large-budget estimates fresh."""
+    decay: float = 0.995
+    """Per-forward decay of past observations (1.0 = never forget)."""
+    cost_prefix: int = 512
+    """Cache length at which the cost curve is measured."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("fixed", "auto"):
+            raise ValueError(f"budget mode must be 'fixed' or 'auto', got {self.mode!r}")
+        if not self.sizes():
+            raise ValueError(f"grid must list positive budgets, got {self.grid!r}")
+        if self.explore_every < 1 or not 0 < self.decay <= 1:
+            raise ValueError("explore_every must be >= 1 and decay in (0, 1]")
+
+    def sizes(self) -> list[int]:
+        return sorted({int(x) for x in self.grid.split(",") if x.strip() and int(x) > 0})
+
+
+@dataclass
+class CostCurve:
+    """Seconds per forward against the number of tokens in it, for one model and device."""
+
+    points: dict[int, float]
+    """N -> median seconds of a forward over N tree tokens."""
+    key: str = ""
+    """What was measured (model, device, threads, versions)."""
+
+    def cost(self, n: int) -> float:
+        """Seconds for a forward over `n` tokens, interpolated linearly between measured sizes."""
+        sizes = sorted(self.points)
+        if n <= sizes[0]:
+            return self.points[sizes[0]]
+        for lo, hi in zip(sizes, sizes[1:]):
+            if n <= hi:
+                frac = (n - lo) / (hi - lo)
+                return self.points[lo] + frac * (self.points[hi] - self.points[lo])
+        lo, hi = sizes[-2:] if len(sizes) > 1 else (sizes[0], sizes[0])
+        slope = (self.points[hi] - self.points[lo]) / (hi - lo) if hi > lo else 0.0
+        return self.points[hi] + slope * (n - hi)
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "points": {str(k): v for k, v in sorted(self.points.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CostCurve":
+        return cls(points={int(k): float(v) for k, v in data["points"].items()}, key=data.get("key", ""))
+
+
+@torch.inference_mode()
+def measure_cost_curve(model, sizes: list[int], prefix_len: int = 512, repeats: int = 3,
+                       key: str = "") -> CostCurve:
+    """Time one tree forward (a chain of N nodes) over a cache of `prefix_len` tokens, per N."""
+    from oilbird.verifier import TreeVerifier  # local: verifier imports nothing from here
+
+    device = next(model.parameters()).device
+    verifier = TreeVerifier(model, frozenset())
+    vocab = model.config.vocab_size
+    prompt = [(7 * i + 3) % vocab for i in range(prefix_len + 1)]
+    state = verifier.prefill(prompt)
+    points = {}
+    for n in sizes:
+        times = []
+        for _ in range(repeats + 1):  # the first run warms up this shape
+            tree = DraftTree.chain(state.anchor, [(11 * i + 5) % vocab for i in range(n - 1)], "probe")
+            mask = tree.attention_mask(state.length, next(model.parameters()).dtype, device)
+            start = time.perf_counter()
+            model(input_ids=torch.tensor([tree.tokens], device=device), attention_mask=mask,
+                  position_ids=tree.position_ids(state.length, device),
+                  past_key_values=state.cache, use_cache=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+            state.cache.crop(-n)  # drop the probe's rows: the cache stays at prefix_len
+        points[n] = statistics.median(times[1:])
+    return CostCurve(points=points, key=key)
+
+
+def cost_curve_key(loaded, threads: int | None = None) -> str:
+    import transformers
+
+    threads = threads or torch.get_num_threads()
+    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|torch={torch.__version__}"
+            f"|transformers={transformers.__version__}")
+
+
+def load_or_measure(loaded, config: BudgetConfig, cache_dir: Path, log=lambda m: None) -> CostCurve:
+    """The cached cost curve of `loaded` on this device, measuring it on first use."""
+    key = cost_curve_key(loaded)
+    path = cache_dir / "cost-curves.json"
+    curves = json.loads(path.read_text()) if path.exists() else {}
+    if key in curves and set(config.sizes()) <= {int(k) for k in curves[key]["points"]}:
+        return CostCurve.from_json(curves[key])
+    log(f"measuring forward cost for budgets {config.grid} (once per model and device)")
+    curve = measure_cost_curve(loaded.model, config.sizes(), config.cost_prefix, key=key)
+    curves[key] = curve.to_json()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(curves, indent=1))
+    tmp.replace(path)
+    return curve
+
+
+def counterfactual_commits(path: list[int], budget: int) -> int:
+    """Tokens a verified tree would have committed had it been cut to its first `budget` nodes."""
+    accepted = 0
+    for node in path:  # node indices increase along a path: parents precede children
+        if node >= budget:
+            break
+        accepted += 1
+    return accepted + 1  # plus the bonus token
+
+
+class AdaptiveBudget:
+    """Online choice of the node budget (see the module docstring).
+
+    Args:
+        curve: the device's cost curve.
+        config: candidate budgets, exploration and decay.
+        max_budget: the decode loop's cap.
+    """
+
+    def __init__(self, curve: CostCurve, config: BudgetConfig, max_budget: int) -> None:
+        self.curve, self.config = curve, config
+        self.sizes = [b for b in config.sizes() if b <= max_budget] or [1]
+        self.committed = {b: 1.0 for b in self.sizes}  # prior: one AR-like cycle each
+        self.weight = {b: 1.0 for b in self.sizes}
+        self.forwards = 0
+
+    def expected(self, budget: int) -> float:
+        """Current estimate of committed tokens per forward at `budget`."""
+        return self.committed[budget] / self.weight[budget]
+
+    def choose(self) -> int:
+        """The budget for the next forward."""
+        self.forwards += 1
+        if self.forwards % self.config.explore_every == 0:
+            return self.sizes[-1]
+        return max(self.sizes, key=lambda b: self.expected(b) / self.curve.cost(b))
+
+    def observe(self, offered: int, tree_size: int, path: list[int]) -> None:
+        """Learn from one verified tree that was built under budget `offered`."""
+        decay = self.config.decay
+        saturated = tree_size < offered  # the drafter had nothing more to give
+        for b in self.sizes:
+            self.committed[b] *= decay
+            self.weight[b] *= decay
+            if b <= offered or saturated:
+                self.committed[b] += counterfactual_commits(path, b)
+                self.weight[b] += 1.0
