@@ -30,15 +30,17 @@ import torch
 from tqdm import tqdm
 
 from oilbird.audit import compare, greedy_reference, hf_prompt_lookup
+from oilbird.budget import AdaptiveBudget, BudgetConfig, load_or_measure
 from oilbird.datasets import load_dataset
 from oilbird.decode import DecodeConfig, check_prompt, decode
 from oilbird.drafters import DRAFTERS, make_drafter
 from oilbird.errors import ConfigError
-from oilbird.models import LoadedModel
+from oilbird.models import LoadedModel, default_cache_dir
 from oilbird.verifier import TreeVerifier, VerifierConfig
 
 # Methods that are not our drafters but external runs reported beside them.
 EXTERNAL_METHODS = {"hf-pld": "transformers generate(prompt_lookup_num_tokens=10)"}
+AUTO_MAX_BUDGET = 128
 REFERENCE = "hf-greedy"  # the audit's reference run, reported as a row for context
 
 
@@ -56,8 +58,8 @@ class BenchConfig:
     """Most tokens generated per request."""
     methods: str = "ar,pld"
     """Comma-separated methods to run; 'ar' is always added as the speed baseline. 'hf-pld' runs transformers' own prompt lookup."""
-    node_budget: int = 64
-    """Most tree nodes per verification forward, root included."""
+    budget: str = "64"
+    """Tree nodes per verification forward, root included: a number (fixed, e.g. 60 for paper-faithful comparisons) or 'auto' (chosen per forward from this device's measured cost curve and the observed acceptance, up to 128)."""
     warmup: int = 1
     """Requests run (untimed, with throw-away drafters) before measuring."""
     audit: bool = True
@@ -72,7 +74,14 @@ class BenchConfig:
             raise ValueError(f"--per-category must be >= 0, got {self.per_category}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.budget != "auto" and not (self.budget.isdigit() and int(self.budget) >= 1):
+            raise ValueError(f"--budget must be a positive integer or 'auto', got {self.budget!r}")
         DecodeConfig(self.max_new_tokens, self.node_budget)  # validates both
+
+    @property
+    def node_budget(self) -> int:
+        """The cap on tree size: the fixed budget, or the largest candidate in 'auto' mode."""
+        return AUTO_MAX_BUDGET if self.budget == "auto" else int(self.budget)
 
     def method_list(self) -> list[str]:
         """The methods to run, 'ar' first, each known.
@@ -128,7 +137,16 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
 
     verifier = TreeVerifier(loaded.model, loaded.stop_ids, verifier_config or VerifierConfig())
 
-    def run(method: str, drafter, ids: list[int], request_id: str, limit: int) -> dict:
+    policies: dict[str, AdaptiveBudget] = {}
+    curve = None
+    if config.budget == "auto":
+        budget_config = BudgetConfig(mode="auto")
+        curve = load_or_measure(loaded, budget_config, default_cache_dir(), log=lambda m: None)
+        policies = {m: AdaptiveBudget(curve, budget_config, AUTO_MAX_BUDGET)
+                    for m in methods if m in DRAFTERS and m != "ar"}
+
+    def run(method: str, drafter, ids: list[int], request_id: str, limit: int,
+            policy: AdaptiveBudget | None = None) -> dict:
         if method == "hf-pld":
             res = hf_prompt_lookup(loaded.model, ids, limit, loaded.stop_ids)
             return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s,
@@ -138,7 +156,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                         committed_per_forward=None, nodes_per_forward=None)
         res = decode(verifier, drafter, ids, DecodeConfig(limit, config.node_budget),
                      max_context=loaded.max_context, request_id=request_id,
-                     tenant=config.dataset)  # one pool per dataset, as the papers serve them
+                     tenant=config.dataset,  # one pool per dataset, as the papers serve them
+                     budget_policy=policy)
         return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s,
                     prefill_s=res.prefill_s, draft_s=res.draft_s, forward_s=res.forward_s,
                     bookkeeping_s=res.bookkeeping_s, finish_reason=res.finish_reason,
@@ -177,7 +196,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                 output_ids=ref.output_ids, forwards=len(ref.output_ids), wall_s=ref.wall_s),
                 audit=None))
         for method in methods:
-            res = run(method, drafters.get(method), ids, request.id, config.max_new_tokens)
+            res = run(method, drafters.get(method), ids, request.id, config.max_new_tokens,
+                      policies.get(method))
             audit = asdict(compare(res["output_ids"], ref)) if ref is not None else None
             emit(_record(method, request, ids, res, audit))
     bar.close()
@@ -186,6 +206,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
 
     rows = summarize(records, [REFERENCE] * config.audit + methods)
     summary = dict(config=asdict(config),
+                   budget_curve=curve.to_json() if curve else None,
                    drafters={m: d.describe() for m, d in drafters.items()},
                    model=dict(name=loaded.name, source=loaded.source),
                    environment=environment(loaded), rows=rows,
@@ -266,7 +287,7 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
                      f"{pct(r['draft_share'])} | {pct(r['bookkeeping_share'])} |")
     lines.append("")
     lines.append(f"{config.dataset}, {config.max_new_tokens} new tokens max, node budget "
-                 f"{config.node_budget}. τ = Σ committed / Σ verification forwards (prefill not "
+                 f"{config.budget}. τ = Σ committed / Σ verification forwards (prefill not "
                  "counted: it commits no token). tokens/s pooled over requests, prefill included; decode "
                  "speedup leaves the prefill out (our loop only). draft % and bookkeeping % are "
                  "shares of the decode cycle (draft + forward + bookkeeping). "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from oilbird.budget import AdaptiveBudget
 from oilbird.drafters.base import Drafter
 from oilbird.errors import PromptError
 from oilbird.verifier import TreeVerifier
@@ -85,7 +86,8 @@ def check_prompt(prompt_ids: list[int], max_context: int) -> None:
 
 def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
            config: DecodeConfig | None = None, *, max_context: int,
-           request_id: str = "request", tenant: str = "default") -> RequestResult:
+           request_id: str = "request", tenant: str = "default",
+           budget_policy: AdaptiveBudget | None = None) -> RequestResult:
     """Generate greedily for one request with `drafter` proposing draft trees.
 
     Args:
@@ -96,6 +98,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
         max_context: the model's context length; generation stops when it is full.
         request_id: a name for records and for drafters that key state by request.
         tenant: whose cross-request pool the request drafts from and joins.
+        budget_policy: picks each forward's budget (up to `config.node_budget`); None: fixed.
 
     Returns:
         The generated ids and the request's measurements.
@@ -126,7 +129,10 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                 result.finish_reason = "context"
                 break
             t = time.perf_counter()
-            tree = drafter.propose(min(config.node_budget, room)).truncated(min(config.node_budget, room))
+            budget = min(config.node_budget, room)
+            if budget_policy is not None:
+                budget = min(budget, budget_policy.choose())
+            tree = drafter.propose(budget).truncated(budget)
             result.draft_s += time.perf_counter() - t
             ver = verifier.verify(state, tree)
             result.forward_s += ver.forward_s
@@ -145,6 +151,8 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                     (only,) = tags
                     result.sole_sources[only] = result.sole_sources.get(only, 0) + 1
             drafter.observe(ver)
+            if budget_policy is not None:
+                budget_policy.observe(budget, len(tree), ver.path)
             result.bookkeeping_s += ver.bookkeeping_s + time.perf_counter() - t
             if ver.finished and len(committed) == len(ver.committed):
                 result.finish_reason = "stop"
