@@ -93,6 +93,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cost(args: argparse.Namespace) -> int:
+    from oilbird.budget import BudgetConfig, load_or_measure
+    from oilbird.models import default_cache_dir, load_model
+
+    config = config_from_args(BudgetConfig, args, prefix="budget", mode="auto")
+    loaded = load_model(args.model, log=_log)
+    curve = load_or_measure(loaded, config, default_cache_dir(), log=_log)
+    base = curve.cost(1)
+    print(f"forward cost on {loaded.device} ({curve.key})")
+    print("| tokens in forward | ms | x one token |")
+    print("| ---: | ---: | ---: |")
+    for n in config.sizes():
+        print(f"| {n} | {1000 * curve.cost(n):.1f} | {curve.cost(n) / base:.2f} |")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from oilbird.datasets import DATASET_NAMES
     from oilbird.drafters import DRAFTERS
@@ -106,6 +122,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from oilbird.bench import BenchConfig
+    from oilbird.budget import BudgetConfig
     from oilbird.decode import DecodeConfig
     from oilbird.models import DEFAULT_MODEL
     from oilbird.verifier import VerifierConfig
@@ -134,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(gen, VerifierConfig, prefix="verifier")
     _add_drafter_args(gen)
     gen.set_defaults(func=cmd_generate)
+
+    cost = sub.add_parser("cost", help="measure (once, then cached) forward time against tree size")
+    cost.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+    add_config_args(cost, BudgetConfig, prefix="budget")
+    cost.set_defaults(func=cmd_cost)
 
     lst = sub.add_parser("list", help="list model presets, datasets and methods")
     lst.set_defaults(func=cmd_list)
