@@ -11,7 +11,7 @@ token (the last prompt token is the first anchor), so τ excludes it by construc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from oilbird.budget import AdaptiveBudget
 from oilbird.drafters.base import Drafter
@@ -111,16 +111,16 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
     start = time.perf_counter()
     result = RequestResult(request_id=request_id, prompt_len=len(prompt_ids), output_ids=[],
                            finish_reason="length")
-    drafter.start_request(request_id, prompt_ids, tenant)
-    t = time.perf_counter()
-    if drafter.needs_prefill:
-        state, observation = verifier.prefill_observed(prompt_ids)
-        drafter.observe_prefill(observation)
-    else:
-        state = verifier.prefill(prompt_ids)
-    result.prefill_s = time.perf_counter() - t
     out = result.output_ids
+    drafter.start_request(request_id, prompt_ids, tenant)
     try:
+        t = time.perf_counter()
+        if drafter.needs_prefill:
+            state, observation = verifier.prefill_observed(prompt_ids)
+            drafter.observe_prefill(observation)
+        else:
+            state = verifier.prefill(prompt_ids)
+        result.prefill_s = time.perf_counter() - t
         while len(out) < config.max_new_tokens:
             # A tree of N nodes commits at most N tokens after the anchor, so the sequence
             # (P cached + anchor + N) must stay within the context: N <= context - P - 1.
@@ -138,26 +138,33 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             result.forward_s += ver.forward_s
             t = time.perf_counter()
             committed = ver.committed[: config.max_new_tokens - len(out)]
-            result.excess_tokens += len(ver.committed) - len(committed)
+            if len(committed) < len(ver.committed):  # overshoot: nobody sees the dropped tail
+                result.excess_tokens += len(ver.committed) - len(committed)
+                ver = replace(ver, committed=committed, path=ver.path[: len(committed)])
             out.extend(committed)
             result.committed_per_forward.append(len(committed))
             result.nodes_per_forward.append(len(tree))
-            for node in ver.path[: len(committed)]:
-                result.accepted_drafts += 1
-                tags = tree.sources[node]
-                for source in tags:
-                    result.accepted_sources[source] = result.accepted_sources.get(source, 0) + 1
-                if len(tags) == 1:
-                    (only,) = tags
-                    result.sole_sources[only] = result.sole_sources.get(only, 0) + 1
+            _attribute(result, tree, ver.path)
             drafter.observe(ver)
             if budget_policy is not None:
                 budget_policy.observe(budget, len(tree), ver.path)
             result.bookkeeping_s += ver.bookkeeping_s + time.perf_counter() - t
-            if ver.finished and len(committed) == len(ver.committed):
+            if ver.finished and committed and committed[-1] in verifier.stop_ids:
                 result.finish_reason = "stop"
                 break
     finally:
         drafter.stop_request(request_id)
     result.wall_s = time.perf_counter() - start
     return result
+
+
+def _attribute(result: RequestResult, tree, path: list[int]) -> None:
+    """Count each accepted draft token toward every source tag it carries, and its sole source."""
+    for node in path:
+        result.accepted_drafts += 1
+        tags = tree.sources[node]
+        for source in tags:
+            result.accepted_sources[source] = result.accepted_sources.get(source, 0) + 1
+        if len(tags) == 1:
+            (only,) = tags
+            result.sole_sources[only] = result.sole_sources.get(only, 0) + 1
