@@ -23,7 +23,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ from oilbird.budget import AdaptiveBudget, BudgetConfig, load_or_measure
 from oilbird.datasets import load_dataset
 from oilbird.decode import DecodeConfig, check_prompt, decode
 from oilbird.drafters import DRAFTERS, make_drafter
-from oilbird.errors import ConfigError
+from oilbird.errors import ConfigError, DatasetError
 from oilbird.models import LoadedModel, default_cache_dir
 from oilbird.verifier import TreeVerifier, VerifierConfig
 
@@ -294,6 +294,33 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
                  f"{REFERENCE} = transformers generate(do_sample=False), the audit reference; "
                  "hf-pld forwards = all model calls of generate(prompt_lookup_num_tokens=10).")
     return "\n".join(lines)
+
+
+def report(run_dir: Path, by_category: bool = False) -> str:
+    """Markdown tables re-made from a run's records.jsonl (all requests, or one per category).
+
+    Raises:
+        DatasetError: if the run directory holds no records.
+    """
+    path = run_dir / "records.jsonl"
+    if not path.exists():
+        raise DatasetError(f"no benchmark records at {path}; run `oilbird bench --out {run_dir}` first")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    summary_path = run_dir / "summary.json"
+    saved = json.loads(summary_path.read_text())["config"] if summary_path.exists() else {}
+    if "node_budget" in saved:  # summaries written before --budget replaced --node-budget
+        saved["budget"] = str(saved.pop("node_budget"))
+    known = {f.name for f in fields(BenchConfig)}
+    config = BenchConfig(**{k: v for k, v in saved.items() if k in known})
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    groups = sorted({r["category"] or "" for r in records}) if by_category else [None]
+    parts = []
+    for group in groups:
+        recs = [r for r in records if group is None or (r["category"] or "") == group]
+        if group is not None:
+            parts.append(f"### {group} ({len({r['request_id'] for r in recs})} requests)\n")
+        parts.append(format_table(summarize(recs, methods), config))
+    return "\n\n".join(parts)
 
 
 def environment(loaded: LoadedModel) -> dict:

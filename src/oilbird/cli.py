@@ -109,6 +109,13 @@ def cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from oilbird.bench import report
+
+    print(report(Path(args.run_dir), by_category=args.by_category))
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from oilbird.datasets import DATASET_NAMES
     from oilbird.drafters import DRAFTERS
@@ -156,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
     add_config_args(cost, BudgetConfig, prefix="budget")
     cost.set_defaults(func=cmd_cost)
+
+    rep = sub.add_parser("report", help="re-make a benchmark's tables from its records.jsonl")
+    rep.add_argument("run_dir", help="the --out directory of an `oilbird bench` run")
+    rep.add_argument("--by-category", action="store_true", help="one table per request category")
+    rep.set_defaults(func=cmd_report)
 
     lst = sub.add_parser("list", help="list model presets, datasets and methods")
     lst.set_defaults(func=cmd_list)
