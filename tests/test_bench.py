@@ -25,3 +25,19 @@ def test_bench_runs_methods_side_by_side_and_audits(smol, tmp_path):
         assert len(r["nodes_per_forward"]) == r["forwards"]
     assert json.loads((tmp_path / "summary.json").read_text())["rows"][2]["method"] == "pld"
     assert "| pld |" in summary["table"] and "3/3" in summary["table"]
+
+
+def test_report_remakes_tables_from_records(tmp_path):
+    from oilbird.bench import report
+
+    lines = []
+    for i, (method, tokens, forwards) in enumerate([("ar", 10, 10), ("pld", 10, 4)] * 2):
+        lines.append(json.dumps(dict(
+            method=method, request_id=f"r{i // 2}", category="x" if i < 2 else "y",
+            new_tokens=tokens, forwards=forwards, wall_s=1.0 if method == "ar" else 0.5,
+            draft_s=0.0, forward_s=0.4, bookkeeping_s=0.1, audit=dict(lossless=True))))
+    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n")
+    table = report(tmp_path)
+    assert "| pld | 2 | 20 | 8 | 2.50 | 20.0 | 2.00x |" in table
+    by_category = report(tmp_path, by_category=True)
+    assert "### x (1 requests)" in by_category and "### y (1 requests)" in by_category
