@@ -1,0 +1,150 @@
+"""SuffixDecoding (ALGORITHMS.md §3): drafts from suffix trees over this request and past responses.
+
+Contract:
+- Per tenant, a global `SuffixTree` holds the *responses* (generated tokens only) of that tenant's
+  requests, the active one included: each committed token is appended as it is committed, as
+  Arctic does. That is committed text, so drafting stays strictly online. At most
+  `max_cached_requests` responses are kept, the active one counted; the oldest goes first (FIFO).
+  A request id that is already cached has its old response evicted when it starts again, so a
+  re-run never drafts from its own earlier answer.
+- Per request, a local tree over its prompt and response so far; dropped by `stop_request`.
+- `propose(budget)` speculates on both trees with the last D committed tokens as context (the
+  last one is the anchor, so the drafted tokens are what follows it), keeps the higher score
+  (a tie goes to the local tree) and hangs the draft below the anchor: at most `budget` nodes,
+  root included, each tagged "suffix" and scored with its estimated probability.
+- Tenants never share a tree.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from oilbird.drafters.base import Drafter
+from oilbird.drafters.registry import register
+from oilbird.suffix_tree import SuffixTree
+from oilbird.tree import DraftTree
+from oilbird.verifier import Verification
+
+_LOCAL = 0  # seq_id of the single sequence in a local tree
+
+
+@dataclass
+class SuffixDecodingConfig:
+    """SuffixDecoding parameters (ArcticInference defaults, ALGORITHMS.md §10)."""
+
+    max_depth: int = 64
+    """D: suffixes are inserted to this depth, and the context is cut to its last D tokens."""
+    max_spec_factor: float = 1.0
+    """alpha: a match of m context tokens may draft up to floor(alpha * m + offset) tokens."""
+    max_spec_offset: float = 0.0
+    """offset added to alpha * m in the speculation-length rule (may be negative)."""
+    min_token_prob: float = 0.1
+    """Drafted tokens need an estimated probability (product of count ratios) at least this."""
+    max_cached_requests: int = 100000
+    """Responses kept per tenant in the global tree, the active one included (0: no global tree)."""
+    use_tree: bool = True
+    """Draft a best-first tree (True) or only the most frequent path (False)."""
+    max_spec_tokens: int = 0
+    """Cap on drafted tokens per step; 0 means only the node budget minus the root limits it."""
+
+    def __post_init__(self) -> None:
+        if self.max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+        if self.max_cached_requests < 0:
+            raise ValueError(f"max_cached_requests must be >= 0, got {self.max_cached_requests}")
+        if self.max_spec_tokens < 0:
+            raise ValueError(f"max_spec_tokens must be >= 0, got {self.max_spec_tokens}")
+        if not 0.0 <= self.min_token_prob <= 1.0:
+            raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
+
+
+class ResponseCache:
+    """One tenant's global tree and its cached responses in arrival (FIFO) order."""
+
+    def __init__(self, max_depth: int, max_requests: int) -> None:
+        self.tree = SuffixTree(max_depth)
+        self.max_requests = max_requests
+        self.seq_ids: OrderedDict[str, int] = OrderedDict()
+        """request id -> seq_id in `tree`, oldest first."""
+        self._next_seq_id = 0
+
+    def open(self, request_id: str) -> int | None:
+        """Reserve a slot for a new response, evicting the oldest beyond the cap.
+
+        Returns:
+            The response's seq_id, or None when the global tree is disabled.
+        """
+        if self.max_requests == 0:
+            return None
+        if request_id in self.seq_ids:
+            self.evict(request_id)
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        self.seq_ids[request_id] = seq_id
+        while len(self.seq_ids) > self.max_requests:  # the new response is last, never evicted here
+            self.evict(next(iter(self.seq_ids)))
+        return seq_id
+
+    def evict(self, request_id: str) -> None:
+        """Drop a cached response from the tree."""
+        seq_id = self.seq_ids.pop(request_id)
+        if seq_id in self.tree:  # an empty response was never inserted
+            self.tree.remove(seq_id)
+
+
+@register
+class SuffixDecoding(Drafter):
+    """SuffixDecoding: local (prompt + response) and per-tenant global (responses) suffix trees."""
+
+    name = "suffix"
+    Config = SuffixDecodingConfig
+
+    def __init__(self, config: SuffixDecodingConfig | None = None) -> None:
+        super().__init__(config)
+        self.caches: dict[str, ResponseCache] = {}
+        """tenant -> its global tree of responses."""
+        self.local: SuffixTree | None = None
+        self._cache: ResponseCache | None = None
+        self._response_seq: int | None = None
+
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
+        super().start_request(request_id, prompt_ids, tenant)
+        cfg = self.config
+        self.local = SuffixTree(cfg.max_depth)
+        self.local.extend(_LOCAL, prompt_ids)
+        if tenant not in self.caches:
+            self.caches[tenant] = ResponseCache(cfg.max_depth, cfg.max_cached_requests)
+        self._cache = self.caches[tenant]
+        self._response_seq = self._cache.open(request_id)
+
+    def observe(self, verification: Verification) -> None:
+        super().observe(verification)
+        for token in verification.committed:
+            self.local.append(_LOCAL, token)
+            if self._response_seq is not None:
+                self._cache.tree.append(self._response_seq, token)
+
+    def propose(self, budget: int) -> DraftTree:
+        cfg = self.config
+        tree = DraftTree.root(self.anchor)
+        max_tokens = budget - 1 if cfg.max_spec_tokens == 0 else min(cfg.max_spec_tokens, budget - 1)
+        if max_tokens < 1:
+            return tree
+        context = self.sequence[-cfg.max_depth:]
+        args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob, cfg.use_tree)
+        best = self.local.speculate(context, *args)
+        if self._cache is not None and len(self._cache.tree):
+            other = self._cache.tree.speculate(context, *args)
+            if other.score > best.score:
+                best = other
+        nodes: list[int] = []  # draft index -> tree node; parents precede children in the draft
+        for token, parent, prob in zip(best.token_ids, best.parents, best.probs):
+            nodes.append(tree.add(0 if parent < 0 else nodes[parent], token, self.name, prob))
+        return tree
+
+    def stop_request(self, request_id: str) -> None:
+        self.local = None
+        self._cache = None
+        self._response_seq = None
+        super().stop_request(request_id)

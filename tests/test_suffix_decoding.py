@@ -1,0 +1,191 @@
+"""SuffixDecoding drafter on hand-built token lists, plus one end-to-end run on the real model."""
+
+import pytest
+import torch
+
+import oilbird.drafters.suffix_decoding  # noqa: F401  (import registers "suffix")
+from oilbird.drafters.registry import make_drafter
+from oilbird.drafters.suffix_decoding import SuffixDecoding, SuffixDecodingConfig
+from oilbird.tree import DraftTree
+from oilbird.verifier import Verification
+
+
+def commit(drafter, tokens):
+    """Tell the drafter that `tokens` were committed (what the verifier would report)."""
+    tree = DraftTree.root(drafter.anchor)
+    drafter.observe(Verification(
+        tree=tree, prefix_len=len(drafter.sequence) - 1, argmax=torch.zeros(1, dtype=torch.long),
+        topk_ids=torch.zeros((1, 1), dtype=torch.long), topk_logits=torch.zeros((1, 1)), hidden=None,
+        path=[], committed=list(tokens), finished=False))
+
+
+def serve(drafter, request_id, prompt, response, tenant="default"):
+    """A whole request: start, commit the response token by token, stop."""
+    drafter.start_request(request_id, prompt, tenant)
+    for token in response:
+        commit(drafter, [token])
+    drafter.stop_request(request_id)
+
+
+def drafted(tree):
+    return tree.tokens[1:]
+
+
+def test_registered_with_arctic_defaults():
+    drafter = make_drafter("suffix")
+    assert isinstance(drafter, SuffixDecoding)
+    assert drafter.describe() == {"name": "suffix", "config": {
+        "max_depth": 64, "max_spec_factor": 1.0, "max_spec_offset": 0.0, "min_token_prob": 0.1,
+        "max_cached_requests": 100000, "use_tree": True, "max_spec_tokens": 0}}
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError):
+        SuffixDecodingConfig(max_depth=0)
+    with pytest.raises(ValueError):
+        SuffixDecodingConfig(max_cached_requests=-1)
+
+
+def test_drafts_from_the_request_itself():
+    drafter = make_drafter("suffix")
+    drafter.start_request("r", [10, 11, 12, 13, 14, 10, 11])
+    tree = drafter.propose(budget=64)
+    assert tree.tokens[0] == 11  # rooted at the anchor
+    # "10 11" (m = 2) occurs twice, once with no continuation yet: 12 13 at p = 1/2 each.
+    assert drafted(tree) == [12, 13]
+    assert tree.parents == [-1, 0, 1]
+    assert tree.scores[1:] == [0.5, 0.5]
+    assert tree.sources[1:] == [{"suffix"}, {"suffix"}]
+
+
+def test_cross_request_reuse_within_a_tenant():
+    drafter = make_drafter("suffix")
+    serve(drafter, "r1", [100, 101], [5, 6, 7, 8, 9], tenant="t")
+    drafter.start_request("r2", [200, 201, 5, 6], tenant="t")
+    tree = drafter.propose(budget=64)
+    assert drafted(tree) == [7, 8]  # "5 6" (m = 2) seen only in r1's response
+    assert tree.parents == [-1, 0, 1]
+    assert tree.scores[1:] == [1.0, 1.0]
+
+
+def test_tenants_are_isolated():
+    drafter = make_drafter("suffix")
+    serve(drafter, "r1", [100, 101], [5, 6, 7, 8, 9], tenant="A")
+    drafter.start_request("r2", [200, 201, 5, 6], tenant="B")
+    assert drafted(drafter.propose(budget=64)) == []
+    for token in [7, 8, 9]:  # B's own text is fine; A's never shows up
+        commit(drafter, [token])
+        assert not set(drafted(drafter.propose(budget=64))) - {200, 201, 5, 6, 7, 8, 9}
+    drafter.stop_request("r2")
+    drafter.start_request("r3", [300, 5, 6], tenant="A")
+    assert drafted(drafter.propose(budget=64)) == [7, 8]  # A still has its own history
+
+
+def test_never_proposes_the_current_requests_future():
+    prompt, future = [1, 2, 3], [4, 1, 2, 3, 9, 1, 2, 3, 9]
+    drafter = make_drafter("suffix")
+    drafter.start_request("r", prompt)
+    for i, token in enumerate(future):
+        proposal = drafted(drafter.propose(budget=64))
+        # Before 9 is committed no committed text contains it, so no draft may contain it.
+        assert set(proposal) <= set(prompt + future[:i])
+        commit(drafter, [token])
+    assert drafted(drafter.propose(budget=64))[:1] == [1]  # "9" was followed by "1" once
+    drafter.stop_request("r")
+
+
+def test_budget_is_respected():
+    drafter = make_drafter("suffix")
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 6 + [1, 2, 3, 4]
+    drafter.start_request("r", prompt)
+    for budget in [1, 2, 3, 5, 9, 64]:
+        tree = drafter.propose(budget)
+        assert len(tree) <= budget and tree.tokens[0] == 4
+    assert drafted(drafter.propose(5)) == [5, 6, 7, 8]
+    capped = make_drafter("suffix", SuffixDecodingConfig(max_spec_tokens=2))
+    capped.start_request("r", prompt)
+    assert drafted(capped.propose(64)) == [5, 6]
+
+
+def test_tree_mode_branches_and_path_mode_does_not():
+    # "1 2" is followed by 5 twice, 6 twice and nothing yet (the anchor): p = 2/5 each; after
+    # "1 2 5" come 9 or 7 (p = 1/5 each), so best-first takes the sibling 6 before going deeper.
+    prompt = [1, 2, 5, 9, 1, 2, 6, 8, 1, 2, 5, 7, 1, 2, 6, 3, 1, 2]
+    drafter = make_drafter("suffix")
+    drafter.start_request("r", prompt)
+    tree = drafter.propose(64)
+    assert tree.tokens == [2, 5, 6] and tree.parents == [-1, 0, 0]
+    assert tree.scores[1:] == pytest.approx([0.4, 0.4])
+    path = make_drafter("suffix", SuffixDecodingConfig(use_tree=False))
+    path.start_request("r", prompt)
+    chain = path.propose(64)
+    assert chain.tokens == [2, 5, 7] and chain.parents == [-1, 0, 1]  # ties go to the smaller id
+    assert chain.scores[1:] == pytest.approx([0.4, 0.2])
+
+
+def test_fifo_eviction_past_max_cached_requests():
+    drafter = make_drafter("suffix", SuffixDecodingConfig(max_cached_requests=2))
+    for name, first in [("a", 40), ("b", 50), ("c", 60)]:
+        serve(drafter, name, [0], [first, first + 1, first + 2])
+    cache = drafter.caches["default"]
+    assert list(cache.seq_ids) == ["b", "c"]  # "a" went when "c" started (the active one counts)
+    drafter.start_request("d", [9, 60])  # starting "d" evicts "b" too
+    assert list(cache.seq_ids) == ["c", "d"]
+    assert drafted(drafter.propose(64)) == [61]  # c's response is still there
+    assert cache.tree.speculate([9, 40], 5).token_ids == []
+    assert cache.tree.speculate([9, 50], 5).token_ids == []
+    assert cache.tree.speculate([9, 60], 5).token_ids == [61]
+    cache.tree.check()
+
+
+def test_reused_request_id_drops_its_old_response():
+    drafter = make_drafter("suffix")
+    serve(drafter, "same", [0], [7, 8, 9])
+    drafter.start_request("same", [1, 7])
+    assert drafted(drafter.propose(64)) == []  # a re-run never drafts its own earlier answer
+
+
+def test_zero_cached_requests_uses_only_the_local_tree():
+    drafter = make_drafter("suffix", SuffixDecodingConfig(max_cached_requests=0))
+    serve(drafter, "r1", [0], [7, 8, 9])
+    drafter.start_request("r2", [1, 7])
+    assert drafted(drafter.propose(64)) == []
+
+
+def test_global_wins_when_better_and_local_wins_ties():
+    drafter = make_drafter("suffix", SuffixDecodingConfig(use_tree=False))
+    serve(drafter, "r1", [0], [5, 6, 8, 9])
+    drafter.start_request("r2", [5, 6, 7, 3, 5, 6])
+    # Local "5 6" -> 7 3 at p = 1/2 (score 1); global "5 6" -> 8 9 at p = 1 (score 2).
+    assert drafted(drafter.propose(64)) == [8, 9]
+    drafter.stop_request("r2")
+
+    drafter = make_drafter("suffix", SuffixDecodingConfig(use_tree=False))
+    serve(drafter, "r1", [0], [5, 6, 1])
+    drafter.start_request("r2", [5, 6, 7, 8, 5, 6])
+    # Local 7 8 at p = 1/2 and global 1 at p = 1 both score 1: the local draft is kept.
+    assert drafted(drafter.propose(64)) == [7, 8]
+
+
+# --- end to end on the real model (loads SmolLM2; slow) -----------------------------------------
+
+def test_suffix_output_equals_greedy_on_api_bank(smol, api_bank_prompts):
+    from oilbird.audit import compare, greedy_reference
+    from oilbird.decode import DecodeConfig, decode
+    from oilbird.verifier import TreeVerifier
+
+    max_new = 48
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    drafter = make_drafter("suffix")  # one instance across requests, so the global tree fills up
+    forwards = tokens = 0
+    for i, ids in enumerate(api_bank_prompts):
+        ref = greedy_reference(smol.model, ids, max_new, smol.stop_ids)
+        result = decode(verifier, drafter, ids, DecodeConfig(max_new_tokens=max_new, node_budget=64),
+                        max_context=smol.max_context, request_id=f"r{i}")
+        audit = compare(result.output_ids, ref)
+        assert audit.lossless, f"request {i}: {audit}"
+        assert sum(result.committed_per_forward) == len(result.output_ids)
+        assert set(result.accepted_sources) <= {"suffix"}
+        forwards += result.forwards
+        tokens += len(result.output_ids)
+    assert tokens / forwards > 1.2  # API-Bank prompts and responses repeat: drafts must be accepted
