@@ -82,3 +82,23 @@ def test_adjacency_tables_are_per_tenant():
     assert not {50, 51} & set(drafter.propose(budget=20).tokens)
     drafter.start_request("a2", [1, 2], "A")
     assert 50 in drafter.propose(budget=20).tokens  # same tenant: the table persisted
+
+
+def test_goose_output_equals_greedy_on_api_bank(smol, api_bank_prompts):
+    """End to end on the real model: one drafter across 5 API-Bank requests, each output greedy."""
+    from oilbird.audit import compare, greedy_reference
+    from oilbird.decode import DecodeConfig, decode
+    from oilbird.verifier import TreeVerifier
+
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    drafter = make_drafter("goose")
+    tokens = forwards = 0
+    for i, ids in enumerate(api_bank_prompts):
+        ref = greedy_reference(smol.model, ids, 48, smol.stop_ids)
+        result = decode(verifier, drafter, ids, DecodeConfig(max_new_tokens=48, node_budget=64),
+                        max_context=smol.max_context, request_id=f"r{i}", tenant="api-bank")
+        audit = compare(result.output_ids, ref)
+        assert audit.lossless, f"request {i}: {audit}"
+        tokens += len(result.output_ids)
+        forwards += result.forwards
+    assert tokens / forwards > 1.2
