@@ -4,6 +4,8 @@ Each tenant's traffic uses its own token range, and the fake verifications only 
 top-k ids from the same range, so any token of another range in a draft is a leak.
 """
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -43,7 +45,12 @@ def serve(drafter, request_id, prompt, output, tenant, token_range, seen_drafts)
     drafter.stop_request(request_id)
 
 
-METHODS = sorted(m for m in DRAFTERS if m != "ar")
+# Optional peers run only where their package is installed.
+OPTIONAL = {"suffix-ref": "arctic_inference"}
+METHODS = [pytest.param(m, marks=pytest.mark.skipif(
+               m in OPTIONAL and importlib.util.find_spec(OPTIONAL[m]) is None,
+               reason=f"optional peer: {OPTIONAL.get(m)} is not installed"))
+           for m in sorted(DRAFTERS) if m != "ar"]
 
 
 @pytest.mark.parametrize("method", METHODS)
