@@ -41,3 +41,4 @@ def test_report_remakes_tables_from_records(tmp_path):
     assert "| pld | 2 | 20 | 8 | 2.50 | 20.0 | 2.00x |" in table
     by_category = report(tmp_path, by_category=True)
     assert "### x (1 requests)" in by_category and "### y (1 requests)" in by_category
+    assert "| pld | 1 | 10 | 4 | 2.50 |" in report(tmp_path, first=1)

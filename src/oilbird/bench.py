@@ -296,8 +296,10 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
     return "\n".join(lines)
 
 
-def report(run_dir: Path, by_category: bool = False) -> str:
+def report(run_dir: Path, by_category: bool = False, first: int | None = None) -> str:
     """Markdown tables re-made from a run's records.jsonl (all requests, or one per category).
+
+    `first` keeps only the first N requests served (the records are in serving order).
 
     Raises:
         DatasetError: if the run directory holds no records.
@@ -306,6 +308,9 @@ def report(run_dir: Path, by_category: bool = False) -> str:
     if not path.exists():
         raise DatasetError(f"no benchmark records at {path}; run `oilbird bench --out {run_dir}` first")
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if first is not None:
+        keep = set(list(dict.fromkeys(r["request_id"] for r in records))[:first])
+        records = [r for r in records if r["request_id"] in keep]
     summary_path = run_dir / "summary.json"
     saved = json.loads(summary_path.read_text())["config"] if summary_path.exists() else {}
     if "node_budget" in saved:  # summaries written before --budget replaced --node-budget

@@ -112,7 +112,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from oilbird.bench import report
 
-    print(report(Path(args.run_dir), by_category=args.by_category))
+    if args.first is not None and args.first < 1:
+        raise ConfigError(f"--first must be a positive integer, got {args.first}")
+    print(report(Path(args.run_dir), by_category=args.by_category, first=args.first))
     return 0
 
 
@@ -167,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-make a benchmark's tables from its records.jsonl")
     rep.add_argument("run_dir", help="the --out directory of an `oilbird bench` run")
     rep.add_argument("--by-category", action="store_true", help="one table per request category")
+    rep.add_argument("--first", type=int, default=None, help="only the first N requests served")
     rep.set_defaults(func=cmd_report)
 
     lst = sub.add_parser("list", help="list model presets, datasets and methods")
@@ -186,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("oilbird: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and closed: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
