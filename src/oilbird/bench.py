@@ -296,10 +296,12 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
     return "\n".join(lines)
 
 
-def report(run_dir: Path, by_category: bool = False, first: int | None = None) -> str:
+def report(run_dir: Path, by_category: bool = False, first: int | None = None,
+           method: str | None = None) -> str:
     """Markdown tables re-made from a run's records.jsonl (all requests, or one per category).
 
     `first` keeps only the first N requests served (the records are in serving order).
+    With `by_category` and `method`, one compact table: a row per category for that method.
 
     Raises:
         DatasetError: if the run directory holds no records.
@@ -319,6 +321,19 @@ def report(run_dir: Path, by_category: bool = False, first: int | None = None) -
     config = BenchConfig(**{k: v for k, v in saved.items() if k in known})
     methods = list(dict.fromkeys(r["method"] for r in records))
     groups = sorted({r["category"] or "" for r in records}) if by_category else [None]
+    if by_category and method:
+        lines = [f"| category | requests | τ ({method}) | speedup vs ar | decode speedup | lossless ar / {method} |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for group in groups:
+            rows = {r["method"]: r for r in summarize(
+                [r for r in records if (r["category"] or "") == group], methods)}
+            if method not in rows or "ar" not in rows:
+                raise DatasetError(f"the run has no {method!r} or 'ar' records")
+            m, ar = rows[method], rows["ar"]
+            decode = "–" if m["decode_speedup"] is None else f"{m['decode_speedup']:.2f}x"
+            lines.append(f"| {group} | {m['requests']} | {m['tau']:.2f} | {m['speedup']:.2f}x | {decode} | "
+                         f"{ar['lossless']}/{ar['audited']} / {m['lossless']}/{m['audited']} |")
+        return "\n".join(lines)
     parts = []
     for group in groups:
         recs = [r for r in records if group is None or (r["category"] or "") == group]

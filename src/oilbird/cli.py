@@ -114,7 +114,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.first is not None and args.first < 1:
         raise ConfigError(f"--first must be a positive integer, got {args.first}")
-    print(report(Path(args.run_dir), by_category=args.by_category, first=args.first))
+    print(report(Path(args.run_dir), by_category=args.by_category, first=args.first,
+                 method=args.method))
     return 0
 
 
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", help="the --out directory of an `oilbird bench` run")
     rep.add_argument("--by-category", action="store_true", help="one table per request category")
     rep.add_argument("--first", type=int, default=None, help="only the first N requests served")
+    rep.add_argument("--method", default=None, help="with --by-category: one compact table for this method")
     rep.set_defaults(func=cmd_report)
 
     lst = sub.add_parser("list", help="list model presets, datasets and methods")
