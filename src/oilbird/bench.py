@@ -205,6 +205,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
         sink.close()
 
     rows = summarize(records, [REFERENCE] * config.audit + methods)
+    for row in rows:  # pool/table memory at the end of the run
+        row["memory_bytes"] = drafters[row["method"]].memory_bytes() if row["method"] in drafters else None
     summary = dict(config=asdict(config),
                    budget_curve=curve.to_json() if curve else None,
                    drafters={m: d.describe() for m, d in drafters.items()},
@@ -252,7 +254,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
         row["accepted_drafts"] = drafts
         row["source_share"], row["sole_source_share"] = {}, {}
         for key, out in (("accepted_sources", row["source_share"]),
-                         ("sole_sources", row["sole_source_share"])):
+                         ("sole_sources", row["sole_source_share"])) if drafts else ():
             for r in recs:
                 for source, count in (r.get(key) or {}).items():
                     out[source] = out.get(source, 0) + count
@@ -285,6 +287,17 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
         lines.append(f"| {r['method']} | {r['requests']} | {r['new_tokens']} | {r['forwards']} | "
                      f"{r['tau']:.2f} | {r['tokens_per_s']:.1f} | {speedup} | {decode_speedup} | {audit} | "
                      f"{pct(r['draft_share'])} | {pct(r['bookkeeping_share'])} |")
+    shares = [r for r in rows if r.get("source_share")]
+    if shares:
+        lines.append("")
+        lines.append("Accepted draft tokens by source (share of all accepted drafts; sole = only that "
+                     "source proposed it; bonus tokens excluded):")
+        for r in shares:
+            parts = [f"{s} {100 * v:.1f}% (sole {100 * r['sole_source_share'].get(s, 0.0):.1f}%)"
+                     for s, v in sorted(r["source_share"].items())]
+            memory = r.get("memory_bytes")
+            mem = f"; pool/table memory {memory / 2**20:.1f} MiB" if memory else ""
+            lines.append(f"- {r['method']}: " + ", ".join(parts) + mem)
     lines.append("")
     lines.append(f"{config.dataset}, {config.max_new_tokens} new tokens max, node budget "
                  f"{config.budget}. τ = Σ committed / Σ verification forwards (prefill not "

@@ -101,5 +101,8 @@ class Pool:
             self._stores[tenant] = TokenStore(self.config)
         return self._stores[tenant]
 
+    def memory_bytes(self) -> int:
+        return sum(store.memory_bytes() for store in self._stores.values())
+
     def tenants(self) -> list[str]:
         return list(self._stores)

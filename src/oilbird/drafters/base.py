@@ -71,6 +71,10 @@ class Drafter:
         """The request ended; release per-request state."""
         self.request_id = None
 
+    def memory_bytes(self) -> int:
+        """Approximate bytes held across requests (pools, tables); 0 for stateless drafters."""
+        return 0
+
     def describe(self) -> dict:
         """Name and config, for benchmark records."""
         config = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else {}

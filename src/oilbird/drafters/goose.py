@@ -272,6 +272,11 @@ class Goose(Drafter):
         self.ema = self.config.ema_init
         self.spine_nodes = []
 
+    def memory_bytes(self) -> int:
+        # Per entry: a dict slot and key, two k-element lists (ids, float scores); approximate.
+        per_entry = 150 + 2 * (64 + 8 * self.config.top_k) + 24 * self.config.top_k
+        return sum(per_entry * (len(t.unigram) + len(t.bigram)) for t in self.tables.values())
+
     def observe_prefill(self, observation: PrefillObservation) -> None:
         tokens = observation.tokens
         prevs = [None] + tokens[:-1]

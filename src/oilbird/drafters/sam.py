@@ -104,6 +104,9 @@ class SAMDrafter(Drafter):
         self.store.add_request(request_id, self.sequence)  # only now may others draft from it
         super().stop_request(request_id)
 
+    def memory_bytes(self) -> int:
+        return self.pool.memory_bytes()
+
     def propose(self, budget: int) -> DraftTree:
         if self.store.version != self.pool_version:
             self._sync_pool_cursor()

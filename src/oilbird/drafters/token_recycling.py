@@ -234,6 +234,11 @@ class TokenRecycling(Drafter):
         super().__init__(config)
         self.plan = template_plan(template_paths(self.config.template))
         self.tables: dict[str, AdjacencyTable] = {}  # tenant -> its table, kept across requests
+
+    def memory_bytes(self) -> int:
+        # A dict slot plus a k-id list of small ints per row (CPython sizes, approximate).
+        per_row = 100 + 64 + 8 * self.config.top_k
+        return sum(per_row * len(table) for table in self.tables.values())
         self.table = self._table_of(self.tenant)
 
     def _table_of(self, tenant: str) -> AdjacencyTable:
