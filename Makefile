@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.oilbird-installed
 BENCH_OUT ?= bench-out
 
-.PHONY: install test bench clean
+.PHONY: install test bench reference clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/oilbird bench --dataset api-bank/level-1-api --limit 50 --max-new-tokens 64 \
 		--methods ar,pld,hf-pld --out $(BENCH_OUT)
+
+# Optional: the official SuffixDecoding (method suffix-ref), built from source. CMake must find
+# the venv's Python (which has nanobind), hence the PATH.
+reference: $(STAMP)
+	$(PIP) install nanobind==2.9.2 cmake ninja setuptools wheel
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PIP) install --no-build-isolation --no-deps arctic-inference
 
 clean:
 	rm -rf $(VENV) $(BENCH_OUT) .pytest_cache

@@ -16,6 +16,10 @@ def test_bench_runs_methods_side_by_side_and_audits(smol, tmp_path):
         assert rows[method]["speedup"] > 0
     assert rows["ar"]["tau"] == 1.0 and rows["ar"]["speedup"] == 1.0
     assert rows["pld"]["tau"] >= 1.0
+    # Attribution: every accepted draft of PLD carries the "pld" tag and nothing else.
+    assert rows["pld"]["accepted_drafts"] >= rows["pld"]["new_tokens"] - rows["pld"]["forwards"]
+    if rows["pld"]["accepted_drafts"]:
+        assert rows["pld"]["source_share"] == rows["pld"]["sole_source_share"] == {"pld": 1.0}
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert len(records) == 3 * 4
     pld = [r for r in records if r["method"] == "pld"]
