@@ -18,3 +18,42 @@ def api_bank_prompts(smol):
     """Token ids of the first 5 API-Bank level-1-api requests, chat-formatted."""
     requests = load_dataset("api-bank/level-1-api", limit=5)
     return [smol.encode_chat(list(r.messages)) for r in requests]
+
+
+E2E_MAX_NEW = 48
+
+
+@pytest.fixture(scope="session")
+def api_bank_references(smol, api_bank_prompts):
+    """transformers' greedy outputs for the 5 prompts: what every method must reproduce."""
+    from oilbird.audit import greedy_reference
+
+    return [greedy_reference(smol.model, ids, E2E_MAX_NEW, smol.stop_ids) for ids in api_bank_prompts]
+
+
+@pytest.fixture
+def serve_api_bank(smol, api_bank_prompts, api_bank_references):
+    """Serve the 5 prompts in order with one drafter and audit each output token for token.
+
+    Returns a function `serve(drafter, node_budget) -> (results, pooled τ)`.
+    """
+    from oilbird.audit import compare
+    from oilbird.decode import DecodeConfig, decode
+    from oilbird.verifier import TreeVerifier
+
+    def serve(drafter, node_budget=64):
+        verifier = TreeVerifier(smol.model, smol.stop_ids)
+        results = []
+        for i, (ids, ref) in enumerate(zip(api_bank_prompts, api_bank_references)):
+            result = decode(verifier, drafter, ids,
+                            DecodeConfig(max_new_tokens=E2E_MAX_NEW, node_budget=node_budget),
+                            max_context=smol.max_context, request_id=f"r{i}", tenant="api-bank")
+            audit = compare(result.output_ids, ref)
+            assert audit.lossless, f"request {i}: {audit}"
+            assert sum(result.committed_per_forward) == len(result.output_ids)
+            assert max(result.nodes_per_forward) <= node_budget
+            results.append(result)
+        tau = sum(len(r.output_ids) for r in results) / sum(r.forwards for r in results)
+        return results, tau
+
+    return serve

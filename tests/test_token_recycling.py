@@ -161,23 +161,7 @@ def test_tenants_are_isolated():
 
 # --- end to end on the real model (loads SmolLM2; slow) --------------------------------------
 
-def test_tr_output_equals_greedy_on_api_bank(smol, api_bank_prompts):
-    from oilbird.audit import compare, greedy_reference
-    from oilbird.decode import DecodeConfig, decode
-    from oilbird.verifier import TreeVerifier
-
-    max_new = 48
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
-    drafter = make_drafter("tr")  # one instance (one table) across requests, as the benchmark serves them
-    forwards = tokens = 0
-    for i, ids in enumerate(api_bank_prompts):
-        ref = greedy_reference(smol.model, ids, max_new, smol.stop_ids)
-        result = decode(verifier, drafter, ids, DecodeConfig(max_new_tokens=max_new, node_budget=81),
-                        max_context=smol.max_context, request_id=f"r{i}")
-        audit = compare(result.output_ids, ref)
-        assert audit.lossless, f"request {i}: {audit}"
-        assert sum(result.committed_per_forward) == len(result.output_ids)
-        assert max(result.nodes_per_forward) <= 81
-        forwards += result.forwards
-        tokens += len(result.output_ids)
-    assert tokens / forwards > 1.0  # pooled τ: recycled top-k predictions must get accepted
+def test_tr_output_equals_greedy_on_api_bank(serve_api_bank):
+    # One instance (one table) across requests, as the benchmark serves them.
+    _, tau = serve_api_bank(make_drafter("tr"), node_budget=81)
+    assert tau > 1.0  # recycled top-k predictions must get accepted
