@@ -46,3 +46,29 @@ def test_report_remakes_tables_from_records(tmp_path):
     by_category = report(tmp_path, by_category=True)
     assert "### x (1 requests)" in by_category and "### y (1 requests)" in by_category
     assert "| pld | 1 | 10 | 4 | 2.50 |" in report(tmp_path, first=1)
+
+
+def test_each_method_runs_at_each_budget_against_one_ar_and_auto_stays_lossless(smol, tmp_path):
+    from oilbird.budget import BudgetConfig
+
+    config = BenchConfig(dataset="api-bank/level-1-api", limit=2, max_new_tokens=24,
+                         methods="pld,goose", budget="6,auto", warmup=0)
+    summary = run_bench(smol, config, out_dir=tmp_path, progress=False,
+                        budget_config=BudgetConfig(mode="auto", grid="1,4,12", explore_every=2))
+    rows = {r["method"]: r for r in summary["rows"]}
+    assert list(rows) == ["hf-greedy", "ar", "pld@6", "pld@auto", "goose@6", "goose@auto"]
+    for label in ("pld@6", "pld@auto", "goose@6", "goose@auto"):
+        assert rows[label]["lossless"] == rows[label]["audited"] == 2, rows[label]["divergences"]
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    fixed = [n for r in records if r["method"] == "goose@6" for n in r["nodes_per_forward"]]
+    auto = [n for r in records if r["method"] == "goose@auto" for n in r["nodes_per_forward"]]
+    assert max(fixed) <= 6
+    assert max(auto) <= 12 and auto[0] > 1  # the grid's cap; the first tree probes the largest size
+    assert summary["budget_curve"]["points"].keys() >= {"1", "4", "12"}
+
+
+def test_one_budget_keeps_plain_method_names():
+    config = BenchConfig(methods="pld,hf-pld", budget="60")
+    assert config.variants() == [("ar", "ar", "60"), ("pld", "pld", "60"), ("hf-pld", "hf-pld", "60")]
+    config = BenchConfig(methods="pld,hf-pld", budget="60,auto")
+    assert [v[0] for v in config.variants()] == ["ar", "pld@60", "pld@auto", "hf-pld"]

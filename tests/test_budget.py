@@ -37,8 +37,23 @@ def test_gpu_like_flat_curve_prefers_the_largest_useful_tree():
     assert policy.choose() == 64
 
 
-def test_exploration_uses_the_largest_budget_periodically():
+def test_exploration_probes_twice_the_best_budget_periodically():
     policy = AdaptiveBudget(CostCurve({1: 1.0, 64: 10.0}),
-                            BudgetConfig(mode="auto", grid="1,64", explore_every=3), max_budget=64)
-    choices = [policy.choose() for _ in range(6)]
-    assert choices.count(64) == 2 and choices[2] == 64
+                            BudgetConfig(mode="auto", grid="1,2,4,8,64", explore_every=3), max_budget=64)
+    assert policy.choose() == 64  # the first tree is the largest: it informs every size
+    policy.observe(offered=64, tree_size=64, path=[])  # nothing accepted: best is the cheapest
+    choices = [policy.choose() for _ in range(5)]
+    assert choices == [1, 2, 1, 1, 2]  # every third forward probes the next size up
+
+
+def test_probes_let_the_choice_climb_when_deep_drafts_are_accepted():
+    cpu = CostCurve({1: 0.06, 2: 0.1, 4: 0.1, 8: 0.1, 16: 0.14, 32: 0.19, 64: 0.33})
+    policy = AdaptiveBudget(cpu, BudgetConfig(mode="auto", grid="1,2,4,8,16,32,64", explore_every=2),
+                            max_budget=64)
+    chosen = []
+    for _ in range(200):  # a drafter whose trees are accepted 12 nodes deep, along nodes 1..12
+        budget = policy.choose()
+        chosen.append(budget)
+        policy.observe(offered=budget, tree_size=budget, path=list(range(1, min(budget, 13))))
+    assert policy.best() == 16  # 13 tokens for 0.14 s beats everything smaller or larger
+    assert chosen[0] == 64 and max(chosen[1:]) <= 32  # after the first tree, never the largest

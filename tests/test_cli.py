@@ -63,6 +63,22 @@ def test_generate_prints_text_and_stats(capsys, smol):
     assert stats["method"] == "pld" and stats["new_tokens"] == 12 and stats["tau"] >= 1.0
 
 
+def test_cost_measures_and_caches_the_forward_cost_curve(capsys, smol):
+    code, out, _ = run_cli(capsys, "cost", "--budget-grid", "1,8", "--budget-cost-prefix", "64")
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 8 |")]
+    assert len(rows) == 2 and rows[0].endswith("| 1.00 |")
+    ms = {int(r.split("|")[1]): float(r.split("|")[2]) for r in rows}
+    assert ms[1] > 0 and ms[8] > 0
+    code, again, _ = run_cli(capsys, "cost", "--budget-grid", "1,8", "--budget-cost-prefix", "64")
+    assert again == out  # the second call reads the cached curve
+
+
+def test_cost_has_no_mode_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["cost", "--budget-mode", "fixed"])
+
+
 def test_console_script_exits_nonzero_without_traceback():
     proc = subprocess.run([sys.executable, "-m", "oilbird.cli", "bench", "--limit", "-3"],
                           capture_output=True, text=True)

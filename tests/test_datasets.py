@@ -29,6 +29,7 @@ def _write(path: Path, *lines: str) -> Path:
 
 def test_dataset_names_are_the_documented_ones():
     assert DATASET_NAMES == (
+        "api-bank",
         "api-bank/level-1-api",
         "api-bank/level-1-response",
         "api-bank/level-2-api",
@@ -53,6 +54,13 @@ def test_api_bank_counts_and_ids(stem, count):
     assert len(requests) == count
     assert [r.id for r in requests] == [f"{stem}/{i}" for i in range(count)]
     assert {r.category for r in requests} == {stem}
+
+
+def test_api_bank_serves_the_four_files_in_order():
+    requests = load_dataset("api-bank", per_category=2)
+    assert [r.id for r in requests] == [f"{stem}/{i}" for stem in (
+        "level-1-api", "level-1-response", "level-2-api", "level-2-response") for i in range(2)]
+    assert len(load_dataset("api-bank")) == 399 + 375 + 135 + 103
 
 
 def test_api_bank_request_is_instruction_then_input_with_expected_output():

@@ -59,7 +59,7 @@ class BenchConfig:
     methods: str = "ar,pld"
     """Comma-separated methods to run; 'ar' is always added as the speed baseline. 'hf-pld' runs transformers' own prompt lookup."""
     budget: str = "64"
-    """Tree nodes per verification forward, root included: a number (fixed, e.g. 60 for paper-faithful comparisons) or 'auto' (chosen per forward from this device's measured cost curve and the observed acceptance, up to 128)."""
+    """Tree nodes per verification forward, root included: a number (fixed, e.g. 60 for paper-faithful comparisons), 'auto' (chosen per forward from this device's measured cost curve and the observed acceptance, up to 128), or a comma list such as '60,auto' (every method runs at each, as rows 'method@60', 'method@auto', against one shared 'ar')."""
     warmup: int = 1
     """Requests run (untimed, with throw-away drafters) before measuring."""
     audit: bool = True
@@ -74,14 +74,17 @@ class BenchConfig:
             raise ValueError(f"--per-category must be >= 0, got {self.per_category}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.budget != "auto" and not (self.budget.isdigit() and int(self.budget) >= 1):
-            raise ValueError(f"--budget must be a positive integer or 'auto', got {self.budget!r}")
-        DecodeConfig(self.max_new_tokens, self.node_budget)  # validates both
+        for budget in self.budgets():
+            if budget != "auto" and not (budget.isdigit() and int(budget) >= 1):
+                raise ValueError(f"--budget must be positive integers or 'auto', got {self.budget!r}")
+            DecodeConfig(self.max_new_tokens, node_budget(budget))  # validates both
 
-    @property
-    def node_budget(self) -> int:
-        """The cap on tree size: the fixed budget, or the largest candidate in 'auto' mode."""
-        return AUTO_MAX_BUDGET if self.budget == "auto" else int(self.budget)
+    def budgets(self) -> list[str]:
+        """The budgets to run, in the order given ('60,auto' -> ['60', 'auto'])."""
+        out = list(dict.fromkeys(b.strip() for b in str(self.budget).split(",") if b.strip()))
+        if not out:
+            raise ValueError("--budget must name at least one budget")
+        return out
 
     def method_list(self) -> list[str]:
         """The methods to run, 'ar' first, each known.
@@ -96,6 +99,26 @@ class BenchConfig:
                 raise ConfigError(f"unknown method {name!r}; known methods: {', '.join(known)}")
         return ["ar"] + [m for m in dict.fromkeys(names) if m != "ar"]
 
+    def variants(self) -> list[tuple[str, str, str]]:
+        """(row label, method, budget) for every run: each drafter at each budget.
+
+        With one budget the label is the method name; with several it is 'method@budget'.
+        'ar' (nothing to draft) and external methods run once, at the first budget.
+        """
+        budgets = self.budgets()
+        out = []
+        for method in self.method_list():
+            if method == "ar" or method not in DRAFTERS or len(budgets) == 1:
+                out.append((method, method, budgets[0]))
+            else:
+                out.extend((f"{method}@{b}", method, b) for b in budgets)
+        return out
+
+
+def node_budget(budget: str) -> int:
+    """The cap on tree size: the fixed budget, or the largest candidate in 'auto' mode."""
+    return AUTO_MAX_BUDGET if budget == "auto" else int(budget)
+
 
 def encode_request(loaded: LoadedModel, request) -> list[int]:
     """Token ids of a dataset request (raw prompt, or chat through the template)."""
@@ -106,7 +129,8 @@ def encode_request(loaded: LoadedModel, request) -> list[int]:
 
 def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | None = None,
               out_dir: Path | None = None, progress: bool = True,
-              verifier_config: VerifierConfig | None = None) -> dict:
+              verifier_config: VerifierConfig | None = None,
+              budget_config: BudgetConfig | None = None) -> dict:
     """Run the benchmark and return the summary (also written to `out_dir` when given).
 
     Args:
@@ -116,6 +140,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
         out_dir: where to write records.jsonl, summary.json and table.md (None: do not write).
         progress: show a progress bar on stderr.
         verifier_config: what each forward exposes to drafters (default: VerifierConfig()).
+        budget_config: candidate sizes and exploration of the 'auto' budget (default:
+            BudgetConfig(mode="auto")).
 
     Returns:
         The summary dict: per-method rows, the table, and the run's environment.
@@ -124,7 +150,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
         DatasetError, PromptError, ConfigError: on bad input, before anything is decoded.
     """
     drafter_configs = drafter_configs or {}
-    methods = config.method_list()
+    variants = config.variants()  # (label, method, budget)
+    methods = [label for label, _, _ in variants]
     requests = load_dataset(config.dataset, limit=config.limit,
                             per_category=config.per_category or None,
                             data_dir=Path(config.data_dir) if config.data_dir else None)
@@ -137,15 +164,17 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
 
     verifier = TreeVerifier(loaded.model, loaded.stop_ids, verifier_config or VerifierConfig())
 
-    policies: dict[str, AdaptiveBudget] = {}
-    curve = None
-    if config.budget == "auto":
-        budget_config = BudgetConfig(mode="auto")
+    curve, budget_config = None, budget_config or BudgetConfig(mode="auto")
+    if "auto" in config.budgets():
         curve = load_or_measure(loaded, budget_config, default_cache_dir(), log=lambda m: None)
-        policies = {m: AdaptiveBudget(curve, budget_config, AUTO_MAX_BUDGET)
-                    for m in methods if m in DRAFTERS and m != "ar"}
 
-    def run(method: str, drafter, ids: list[int], request_id: str, limit: int,
+    def new_policy(method: str, budget: str) -> AdaptiveBudget | None:
+        # One policy per drafter instance: its acceptance estimate is that drafter's own.
+        if budget != "auto" or method == "ar" or method not in DRAFTERS:
+            return None
+        return AdaptiveBudget(curve, budget_config, AUTO_MAX_BUDGET)
+
+    def run(method: str, budget: str, drafter, ids: list[int], request_id: str, limit: int,
             policy: AdaptiveBudget | None = None) -> dict:
         if method == "hf-pld":
             res = hf_prompt_lookup(loaded.model, ids, limit, loaded.stop_ids)
@@ -154,7 +183,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                         finish_reason=None, excess_tokens=0, accepted_drafts=None,
                         accepted_sources={}, sole_sources={},
                         committed_per_forward=None, nodes_per_forward=None)
-        res = decode(verifier, drafter, ids, DecodeConfig(limit, config.node_budget),
+        res = decode(verifier, drafter, ids, DecodeConfig(limit, node_budget(budget)),
                      max_context=loaded.max_context, request_id=request_id,
                      tenant=config.dataset,  # one pool per dataset, as the papers serve them
                      budget_policy=policy)
@@ -169,11 +198,13 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
     # Warm-up: throw-away drafters, so nothing reaches the measured drafters' pools.
     for ids in prompts[: config.warmup]:
         greedy_reference(loaded.model, ids, min(8, config.max_new_tokens), loaded.stop_ids)
-        for method in methods:
+        for _, method, budget in variants:
             drafter = make_drafter(method, drafter_configs.get(method)) if method in DRAFTERS else None
-            run(method, drafter, ids, "warmup", min(8, config.max_new_tokens))
+            run(method, budget, drafter, ids, "warmup", min(8, config.max_new_tokens),
+                new_policy(method, budget))
 
-    drafters = {m: make_drafter(m, drafter_configs.get(m)) for m in methods if m in DRAFTERS}
+    drafters = {label: make_drafter(m, drafter_configs.get(m)) for label, m, _ in variants if m in DRAFTERS}
+    policies = {label: p for label, m, b in variants if (p := new_policy(m, b)) is not None}
     records: list[dict] = []
     sink = None
     if out_dir is not None:  # records are written as they come, so a cut run keeps its data
@@ -195,11 +226,11 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
             emit(_record(REFERENCE, request, ids, dict(
                 output_ids=ref.output_ids, forwards=len(ref.output_ids), wall_s=ref.wall_s),
                 audit=None))
-        for method in methods:
-            res = run(method, drafters.get(method), ids, request.id, config.max_new_tokens,
-                      policies.get(method))
+        for label, method, budget in variants:
+            res = run(method, budget, drafters.get(label), ids, request.id, config.max_new_tokens,
+                      policies.get(label))
             audit = asdict(compare(res["output_ids"], ref)) if ref is not None else None
-            emit(_record(method, request, ids, res, audit))
+            emit(_record(label, request, ids, res, audit))
     bar.close()
     if sink is not None:
         sink.close()

@@ -116,29 +116,36 @@ def measure_cost_curve(model, sizes: list[int], prefix_len: int = 512, repeats: 
     return CostCurve(points=points, key=key)
 
 
-def cost_curve_key(loaded, threads: int | None = None) -> str:
+def cost_curve_key(loaded, prefix_len: int, threads: int | None = None) -> str:
+    """What a cost curve depends on: model file, device, threads, cache length, library versions."""
     import transformers
 
     threads = threads or torch.get_num_threads()
-    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|torch={torch.__version__}"
-            f"|transformers={transformers.__version__}")
+    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}"
+            f"|torch={torch.__version__}|transformers={transformers.__version__}")
 
 
 def load_or_measure(loaded, config: BudgetConfig, cache_dir: Path, log=lambda m: None) -> CostCurve:
     """The cached cost curve of `loaded` on this device, measuring it on first use."""
-    key = cost_curve_key(loaded)
+    key = cost_curve_key(loaded, config.cost_prefix)
     path = cache_dir / "cost-curves.json"
     curves = json.loads(path.read_text()) if path.exists() else {}
-    if key in curves and set(config.sizes()) <= {int(k) for k in curves[key]["points"]}:
-        return CostCurve.from_json(curves[key])
-    log(f"measuring forward cost for budgets {config.grid} (once per model and device)")
-    curve = measure_cost_curve(loaded.model, config.sizes(), config.cost_prefix, key=key)
+    known = CostCurve.from_json(curves[key]).points if key in curves else {}
+    missing = [n for n in config.sizes() if n not in known]
+    if not missing:
+        return CostCurve(points=known, key=key)
+    log(f"measuring forward cost for budgets {','.join(map(str, missing))} (once per model and device)")
+    curve = measure_cost_curve(loaded.model, missing, config.cost_prefix, key=key)
+    curve.points = {**known, **curve.points}  # a smaller grid later never forgets measured sizes
     curves[key] = curve.to_json()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(curves, indent=1))
     tmp.replace(path)
     return curve
+
+
+PRIOR_WEIGHT = 0.25  # in forwards: how much the "one token per forward" prior counts
 
 
 def counterfactual_commits(path: list[int], budget: int) -> int:
@@ -163,24 +170,40 @@ class AdaptiveBudget:
     def __init__(self, curve: CostCurve, config: BudgetConfig, max_budget: int) -> None:
         self.curve, self.config = curve, config
         self.sizes = [b for b in config.sizes() if b <= max_budget] or [1]
-        self.committed = {b: 1.0 for b in self.sizes}  # prior: one AR-like cycle each
-        self.weight = {b: 1.0 for b in self.sizes}
+        # Prior: a light AR-like cycle per size, outweighed by the first real observation.
+        self.committed = {b: PRIOR_WEIGHT for b in self.sizes}
+        self.weight = {b: PRIOR_WEIGHT for b in self.sizes}
         self.forwards = 0
+        self.observed = 0
 
     def expected(self, budget: int) -> float:
         """Current estimate of committed tokens per forward at `budget`."""
         return self.committed[budget] / self.weight[budget]
 
-    def choose(self) -> int:
-        """The budget for the next forward."""
-        self.forwards += 1
-        if self.forwards % self.config.explore_every == 0:
-            return self.sizes[-1]
+    def best(self) -> int:
+        """The budget with the highest expected committed tokens per second now."""
         return max(self.sizes, key=lambda b: self.expected(b) / self.curve.cost(b))
+
+    def choose(self) -> int:
+        """The budget for the next forward.
+
+        Every `explore_every`-th forward probes about twice the current best (the next candidate
+        at or above 2x): one such tree informs every budget up to its size, so the estimate can
+        climb, while a probe never costs a jump to the largest tree (9x a one-token forward on
+        a CPU).
+        """
+        self.forwards += 1
+        if self.observed == 0:  # the first tree is the largest: it informs every smaller size
+            return self.sizes[-1]
+        best = self.best()
+        if self.forwards % self.config.explore_every == 0:
+            return next((b for b in self.sizes if b >= 2 * best), self.sizes[-1])
+        return best
 
     def observe(self, offered: int, tree_size: int, path: list[int]) -> None:
         """Learn from one verified tree that was built under budget `offered`."""
         decay = self.config.decay
+        self.observed += 1
         saturated = tree_size < offered  # the drafter had nothing more to give
         for b in self.sizes:
             self.committed[b] *= decay

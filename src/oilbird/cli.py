@@ -1,4 +1,5 @@
-"""The `oilbird` command: `bench`, `generate`, and listings of models, datasets and methods.
+"""The `oilbird` command: `bench`, `generate`, `cost`, `report`, `table`, and listings of models,
+datasets and methods.
 
 Options for each component are derived from its config dataclass (see `oilbird.config`), so a
 new config field appears on the command line with its docstring as help. User mistakes raise
@@ -35,24 +36,35 @@ def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
             add_config_args(parser, cls.Config, prefix=name)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def _set_threads(args: argparse.Namespace) -> None:
     import torch
 
-    from oilbird.bench import BenchConfig, run_bench
-    from oilbird.models import load_model
-    from oilbird.verifier import VerifierConfig
-
-    config = config_from_args(BenchConfig, args, prefix="")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be a positive integer, got {args.threads}")
         torch.set_num_threads(args.threads)
+
+
+def _add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's choice, usually all cores)")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from oilbird.bench import BenchConfig, run_bench
+    from oilbird.budget import BudgetConfig
+    from oilbird.models import load_model
+    from oilbird.verifier import VerifierConfig
+
+    config = config_from_args(BenchConfig, args, prefix="")
+    _set_threads(args)
     config.method_list()  # unknown methods fail before the model loads
     drafter_configs = _drafter_configs(args)
     loaded = load_model(args.model, log=_log)
     out_dir = Path(args.out)
     summary = run_bench(loaded, config, drafter_configs, out_dir=out_dir, progress=not args.no_progress,
-                        verifier_config=config_from_args(VerifierConfig, args, prefix="verifier"))
+                        verifier_config=config_from_args(VerifierConfig, args, prefix="verifier"),
+                        budget_config=config_from_args(BudgetConfig, args, prefix="budget", mode="auto"))
     print(summary["table"])
     print(f"\nrecords: {out_dir / 'records.jsonl'}  summary: {out_dir / 'summary.json'}")
     failed = [r for r in summary["rows"] if r["audited"] and r["lossless"] < r["audited"]]
@@ -70,6 +82,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from oilbird.verifier import TreeVerifier, VerifierConfig
 
     decode_config = config_from_args(DecodeConfig, args, prefix="")
+    _set_threads(args)
     drafter = make_drafter(args.method, _drafter_configs(args).get(args.method))
     loaded = load_model(args.model, log=_log)
     if args.raw:
@@ -98,6 +111,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from oilbird.models import default_cache_dir, load_model
 
     config = config_from_args(BudgetConfig, args, prefix="budget", mode="auto")
+    _set_threads(args)
     loaded = load_model(args.model, log=_log)
     curve = load_or_measure(loaded, config, default_cache_dir(), log=_log)
     base = curve.cost(1)
@@ -116,6 +130,20 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"--first must be a positive integer, got {args.first}")
     print(report(Path(args.run_dir), by_category=args.by_category, first=args.first,
                  method=args.method))
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from oilbird.results import comparison_table, load_run, plot_comparison, source_shares
+
+    runs = [load_run(Path(d)) for d in args.run_dirs]
+    print(comparison_table(runs))
+    shares = source_shares(runs)
+    if shares:
+        print("\nAccepted draft tokens by source (multi-source methods):\n" + shares)
+    if args.plot:
+        plot_comparison(runs, Path(args.plot))
+        print(f"\nplot: {args.plot}")
     return 0
 
 
@@ -144,10 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
     bench.add_argument("--out", default="bench-out", help="directory for records.jsonl and summary.json")
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    bench.add_argument("--threads", type=int, default=None,
-                       help="CPU threads for torch (default: torch's choice, usually all cores)")
+    _add_threads_arg(bench)
     add_config_args(bench, BenchConfig)
     add_config_args(bench, VerifierConfig, prefix="verifier")
+    add_config_args(bench, BudgetConfig, prefix="budget", exclude=("mode",))  # for --budget auto
     _add_drafter_args(bench)
     bench.set_defaults(func=cmd_bench)
 
@@ -157,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
     gen.add_argument("--raw", action="store_true", help="use the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true", help="print the stats as JSON")
+    _add_threads_arg(gen)
     add_config_args(gen, DecodeConfig)
     add_config_args(gen, VerifierConfig, prefix="verifier")
     _add_drafter_args(gen)
@@ -164,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cost = sub.add_parser("cost", help="measure (once, then cached) forward time against tree size")
     cost.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
-    add_config_args(cost, BudgetConfig, prefix="budget")
+    _add_threads_arg(cost)
+    # The curve is the same whatever the mode; only the measurement's fields are options here.
+    add_config_args(cost, BudgetConfig, prefix="budget", exclude=("mode", "explore_every", "decay"))
     cost.set_defaults(func=cmd_cost)
 
     rep = sub.add_parser("report", help="re-make a benchmark's tables from its records.jsonl")
@@ -173,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--first", type=int, default=None, help="only the first N requests served")
     rep.add_argument("--method", default=None, help="with --by-category: one compact table for this method")
     rep.set_defaults(func=cmd_report)
+
+    tab = sub.add_parser("table", help="one comparison table (and plot) across benchmark runs")
+    tab.add_argument("run_dirs", nargs="+", help="--out directories of `oilbird bench` runs")
+    tab.add_argument("--plot", default=None, help="also draw τ and speedup to this PNG file")
+    tab.set_defaults(func=cmd_table)
 
     lst = sub.add_parser("list", help="list model presets, datasets and methods")
     lst.set_defaults(func=cmd_list)

@@ -56,17 +56,19 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
-def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
+def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "",
+                    exclude: tuple[str, ...] = ()) -> None:
     """Add one `--prefix-field-name` option per scalar field of dataclass `cls`.
 
     Options default to None so that `config_from_args` can tell "not given" from "given".
+    Fields named in `exclude` get no option (the command fixes them itself).
     """
     group = parser.add_argument_group(f"{cls.__name__} ({prefix or 'general'})")
     docs = field_docs(cls)
     hints = _field_types(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        if kind not in (int, float, str, bool):
+        if kind not in (int, float, str, bool) or f.name in exclude:
             continue  # structured fields are set from code, not the command line
         default = f.default if f.default is not dataclasses.MISSING else None
         group.add_argument(

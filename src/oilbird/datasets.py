@@ -36,6 +36,7 @@ __all__ = [
 
 _API_BANK = ("level-1-api", "level-1-response", "level-2-api", "level-2-response")
 DATASET_NAMES: tuple[str, ...] = (
+    "api-bank",  # the four files below, served in this order as one stream of traffic
     *(f"api-bank/{stem}" for stem in _API_BANK),
     "spec-bench",
     "humaneval",
@@ -112,7 +113,9 @@ def load_dataset(
         root = Path(data_dir) if data_dir is not None else default_data_dir()
         if not root.is_dir():
             raise DatasetError(f"datasets folder not found: {root}")
-        if name.startswith("api-bank/"):
+        if name == "api-bank":
+            requests = [r for stem in _API_BANK for r in _load_api_bank(root / "api-bank" / f"{stem}.json")]
+        elif name.startswith("api-bank/"):
             requests = _load_api_bank(root / f"{name}.json")
         else:
             selection = name.partition(":")[2].split(",") if ":" in name else None

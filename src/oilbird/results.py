@@ -1,0 +1,140 @@
+"""Cross-run results: the Table-1 style comparison and its plot, made from `oilbird bench` runs.
+
+Contract:
+- Input: run directories written by `oilbird bench --out DIR` (records.jsonl, and summary.json
+  when the run finished). Rows are re-computed from the records, so a cut run still reports;
+  pool memory is known only from a finished run's summary.
+- `comparison_table` groups runs by model: one Markdown table per model, a row per method
+  (as labelled in the runs, e.g. 'goose@60', 'goose@auto'), and per dataset τ and the speedup
+  against the `ar` of that same run. Speedups are never compared across runs.
+- `plot_comparison` draws the same numbers as grouped bars (τ and speedup, per model), PNG.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from oilbird.bench import REFERENCE, summarize
+from oilbird.errors import DatasetError
+
+
+@dataclass
+class Run:
+    """One benchmark run, summarised."""
+
+    model: str
+    dataset: str
+    requests: int
+    rows: dict[str, dict]  # method label -> summary row (see bench.summarize)
+    environment: dict
+
+
+def load_run(run_dir: Path) -> Run:
+    """Summarise one `oilbird bench` output directory.
+
+    Raises:
+        DatasetError: the directory holds no records.
+    """
+    path = run_dir / "records.jsonl"
+    if not path.exists():
+        raise DatasetError(f"no benchmark records at {path}; run `oilbird bench --out {run_dir}` first")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not records:
+        raise DatasetError(f"{path} is empty: the run was stopped before its first request")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    # A request counts only when every method finished it (a cut run may end mid-request).
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    done = [rid for rid in dict.fromkeys(r["request_id"] for r in records)
+            if {r["method"] for r in records if r["request_id"] == rid} == set(methods)]
+    records = [r for r in records if r["request_id"] in set(done)]
+    rows = {row["method"]: row for row in summarize(records, methods)}
+    for saved in summary.get("rows", []):  # memory is measured at the end of a finished run
+        if saved["method"] in rows:
+            rows[saved["method"]]["memory_bytes"] = saved.get("memory_bytes")
+    config = summary.get("config", {})
+    return Run(model=summary.get("model", {}).get("name", "?"),
+               dataset=config.get("dataset", run_dir.name), requests=len(done), rows=rows,
+               environment=summary.get("environment", {}))
+
+
+def _method_order(runs: list[Run]) -> list[str]:
+    labels = list(dict.fromkeys(m for run in runs for m in run.rows if m != REFERENCE))
+    return ["ar"] + [m for m in labels if m != "ar"]
+
+
+def comparison_table(runs: list[Run]) -> str:
+    """Markdown: per model, a row per method with τ and same-run speedup per dataset."""
+    parts = []
+    for model in dict.fromkeys(run.model for run in runs):
+        mine = [run for run in runs if run.model == model]
+        head = "| method | " + " | ".join(f"{r.dataset} ({r.requests}) τ | speedup" for r in mine)
+        head += " | lossless | draft + bookkeeping % (max) | pool memory MiB (max) |"
+        lines = [f"**{model}**", "", head,
+                 "| --- |" + " ---: | ---: |" * len(mine) + " ---: | ---: | ---: |"]
+        for method in _method_order(mine):
+            cells, audited, lossless, overhead, memory = [], 0, 0, [], []
+            for run in mine:
+                row = run.rows.get(method)
+                if row is None:
+                    cells += ["–", "–"]
+                    continue
+                speed = "–" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+                cells += [f"{row['tau']:.2f}", speed]
+                audited += row["audited"]
+                lossless += row["lossless"]
+                if row["draft_share"] is not None:
+                    overhead.append(row["draft_share"] + row["bookkeeping_share"])
+                if row.get("memory_bytes"):
+                    memory.append(row["memory_bytes"])
+            audit = f"{lossless}/{audited}" if audited else "not audited"
+            over = f"{100 * max(overhead):.1f}%" if overhead else "–"
+            mem = f"{max(memory) / 2**20:.1f}" if memory else "–"
+            lines.append(f"| {method} | " + " | ".join(cells) + f" | {audit} | {over} | {mem} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def source_shares(runs: list[Run]) -> str:
+    """Markdown list: for multi-source methods, each source's share of accepted drafts."""
+    lines = []
+    for run in runs:
+        for method, row in run.rows.items():
+            if len(row.get("source_share") or {}) > 1:
+                shares = ", ".join(f"{s} {100 * v:.0f}% (sole {100 * row['sole_source_share'].get(s, 0):.0f}%)"
+                                   for s, v in sorted(row["source_share"].items()))
+                lines.append(f"- {run.model}, {run.dataset}, {method}: {shares}")
+    return "\n".join(lines)
+
+
+def plot_comparison(runs: list[Run], path: Path) -> None:
+    """Grouped bars of τ and speedup per method and dataset, one row of panels per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(run.model for run in runs))
+    fig, axes = plt.subplots(len(models), 2, figsize=(16, 4.2 * len(models)), squeeze=False)
+    for i, model in enumerate(models):
+        mine = [run for run in runs if run.model == model]
+        methods = _method_order(mine)
+        width = 0.8 / len(mine)
+        for j, (metric, title) in enumerate((("tau", "accepted length τ"),
+                                             ("speedup", "speedup vs ar (same run)"))):
+            ax = axes[i][j]
+            for k, run in enumerate(mine):
+                values = [(run.rows.get(m) or {}).get(metric) or 0.0 for m in methods]
+                ax.bar([x + k * width for x in range(len(methods))], values, width, label=run.dataset)
+            if metric == "speedup":
+                ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.set_xticks([x + width * (len(mine) - 1) / 2 for x in range(len(methods))])
+            ax.set_xticklabels(methods, rotation=45, ha="right", fontsize=8)
+            ax.set_title(f"{model}: {title}")
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,55 @@
+"""The cross-run comparison table and plot, from hand-written benchmark records."""
+
+import json
+
+import pytest
+
+from oilbird.errors import DatasetError
+from oilbird.results import comparison_table, load_run, plot_comparison, source_shares
+
+
+def _write_run(path, dataset, model, per_method, cut=False):
+    """per_method: label -> (tokens, forwards, wall_s) for each of two requests."""
+    path.mkdir(parents=True)
+    lines = []
+    for rid in ("r0", "r1"):
+        for method, (tokens, forwards, wall) in per_method.items():
+            lines.append(json.dumps(dict(
+                method=method, request_id=rid, category=None, new_tokens=tokens, forwards=forwards,
+                wall_s=wall, draft_s=0.01, forward_s=wall - 0.02, bookkeeping_s=0.01,
+                accepted_drafts=tokens - forwards,
+                accepted_sources={"pld": tokens - forwards, "tr": 1} if method.startswith("goose") else {},
+                sole_sources={"pld": tokens - forwards - 1} if method.startswith("goose") else {},
+                audit=dict(lossless=True))))
+    if cut:  # the run stopped after one method of the second request
+        lines = lines[: len(per_method) + 1]
+    (path / "records.jsonl").write_text("\n".join(lines) + "\n")
+    if not cut:
+        (path / "summary.json").write_text(json.dumps(dict(
+            config=dict(dataset=dataset), model=dict(name=model),
+            rows=[dict(method=m, memory_bytes=2**20 if m != "ar" else None) for m in per_method])))
+
+
+def test_table_shows_tau_and_same_run_speedup_per_dataset(tmp_path):
+    _write_run(tmp_path / "a", "api-bank", "smol", {"ar": (10, 10, 1.0), "goose@60": (10, 4, 0.5)})
+    _write_run(tmp_path / "b", "humaneval", "smol", {"ar": (10, 10, 2.0), "goose@60": (10, 5, 2.5)})
+    runs = [load_run(tmp_path / "a"), load_run(tmp_path / "b")]
+    table = comparison_table(runs)
+    assert "| goose@60 | 2.50 | 2.00x | 2.00 | 0.80x | 4/4 |" in table
+    assert "| ar | 1.00 | 1.00x | 1.00 | 1.00x | 4/4 |" in table
+    assert table.splitlines()[0] == "**smol**" and "1.0 |" in table  # pool memory, MiB
+    assert "goose@60: pld" in source_shares(runs)
+    png = tmp_path / "plot.png"
+    plot_comparison(runs, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_cut_run_reports_only_requests_every_method_finished(tmp_path):
+    _write_run(tmp_path / "a", "api-bank", "smol", {"ar": (10, 10, 1.0), "pld": (10, 4, 0.5)}, cut=True)
+    run = load_run(tmp_path / "a")
+    assert run.requests == 1 and run.rows["pld"]["requests"] == 1
+
+
+def test_missing_run_is_a_clear_error(tmp_path):
+    with pytest.raises(DatasetError, match="oilbird bench --out"):
+        load_run(tmp_path / "nothing")
