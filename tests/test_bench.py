@@ -72,3 +72,25 @@ def test_one_budget_keeps_plain_method_names():
     assert config.variants() == [("ar", "ar", "60"), ("pld", "pld", "60"), ("hf-pld", "hf-pld", "60")]
     config = BenchConfig(methods="pld,hf-pld", budget="60,auto")
     assert [v[0] for v in config.variants()] == ["ar", "pld@60", "pld@auto", "hf-pld"]
+
+
+def test_ctrl_c_keeps_and_summarises_the_requests_that_finished(smol, tmp_path, monkeypatch):
+    import oilbird.bench as bench
+
+    calls = []
+
+    def compare_then_interrupt(got, ref):  # the user presses Ctrl-C during the second request
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_compare(got, ref)
+
+    real_compare = bench.compare
+    monkeypatch.setattr(bench, "compare", compare_then_interrupt)
+    config = BenchConfig(dataset="api-bank/level-1-api", limit=3, max_new_tokens=4, methods="pld",
+                         warmup=0)
+    summary = run_bench(smol, config, out_dir=tmp_path, progress=False)
+    assert summary["interrupted"] and summary["requests_served"] == 1
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert {r["request_id"] for r in records} == {"level-1-api/0"}  # no half-served request
+    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True

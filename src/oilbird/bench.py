@@ -12,8 +12,9 @@ Contract:
   method tokens/s / `ar` tokens/s from this run.
 - Audit: every method's token ids against an independent `generate(do_sample=False)` run, with
   the first divergence and the reference's top-1/top-2 logit margin there.
-- Output: a Markdown table on stdout; `records.jsonl` (one record per request and method) and
-  `summary.json` in the output directory.
+- Output: a Markdown table on stdout; `records.jsonl` (one record per request and method,
+  written when the request has run under every method) and `summary.json` in the output
+  directory. Ctrl-C stops serving and still summarises the requests that finished.
 """
 
 from __future__ import annotations
@@ -219,26 +220,36 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
 
     bar = tqdm(list(zip(requests, prompts)), desc=f"bench {config.dataset}", unit="req",
                disable=not progress, file=sys.stderr)
-    for request, ids in bar:
-        ref = greedy_reference(loaded.model, ids, config.max_new_tokens, loaded.stop_ids) \
-            if config.audit else None
-        if ref is not None:
-            emit(_record(REFERENCE, request, ids, dict(
-                output_ids=ref.output_ids, forwards=len(ref.output_ids), wall_s=ref.wall_s),
-                audit=None))
-        for label, method, budget in variants:
-            res = run(method, budget, drafters.get(label), ids, request.id, config.max_new_tokens,
-                      policies.get(label))
-            audit = asdict(compare(res["output_ids"], ref)) if ref is not None else None
-            emit(_record(label, request, ids, res, audit))
+    interrupted = False
+    try:
+        for request, ids in bar:
+            ref = greedy_reference(loaded.model, ids, config.max_new_tokens, loaded.stop_ids) \
+                if config.audit else None
+            request_records = []
+            if ref is not None:
+                request_records.append(_record(REFERENCE, request, ids, dict(
+                    output_ids=ref.output_ids, forwards=len(ref.output_ids), wall_s=ref.wall_s),
+                    audit=None))
+            for label, method, budget in variants:
+                res = run(method, budget, drafters.get(label), ids, request.id, config.max_new_tokens,
+                          policies.get(label))
+                audit = asdict(compare(res["output_ids"], ref)) if ref is not None else None
+                request_records.append(_record(label, request, ids, res, audit))
+            for record in request_records:  # whole requests only: every method saw the same ones
+                emit(record)
+    except KeyboardInterrupt:  # Ctrl-C: keep and summarise the requests that finished
+        interrupted = True
     bar.close()
     if sink is not None:
         sink.close()
+    if not records:
+        raise KeyboardInterrupt
 
     rows = summarize(records, [REFERENCE] * config.audit + methods)
     for row in rows:  # pool/table memory at the end of the run
         row["memory_bytes"] = drafters[row["method"]].memory_bytes() if row["method"] in drafters else None
-    summary = dict(config=asdict(config),
+    summary = dict(config=asdict(config), interrupted=interrupted,
+                   requests_served=len({r["request_id"] for r in records}),
                    budget_curve=curve.to_json() if curve else None,
                    drafters={m: d.describe() for m, d in drafters.items()},
                    model=dict(name=loaded.name, source=loaded.source),

@@ -66,6 +66,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         verifier_config=config_from_args(VerifierConfig, args, prefix="verifier"),
                         budget_config=config_from_args(BudgetConfig, args, prefix="budget", mode="auto"))
     print(summary["table"])
+    if summary["interrupted"]:
+        print(f"\ninterrupted: summarised the {summary['requests_served']} requests that every method finished")
     print(f"\nrecords: {out_dir / 'records.jsonl'}  summary: {out_dir / 'summary.json'}")
     failed = [r for r in summary["rows"] if r["audited"] and r["lossless"] < r["audited"]]
     for row in failed:
