@@ -57,3 +57,18 @@ def test_probes_let_the_choice_climb_when_deep_drafts_are_accepted():
         policy.observe(offered=budget, tree_size=budget, path=list(range(1, min(budget, 13))))
     assert policy.best() == 16  # 13 tokens for 0.14 s beats everything smaller or larger
     assert chosen[0] == 64 and max(chosen[1:]) <= 32  # after the first tree, never the largest
+
+
+def test_forwards_with_nothing_to_propose_are_not_charged_a_full_budget():
+    # A prompt-lookup-like drafter: 3 forwards in 4 it has no match (a root-only tree); the 4th it
+    # proposes a 10-token chain of which 3 are accepted. Charging cost(B) for the empty forwards
+    # would make every budget look worse than 1; charging what was built finds B = 4.
+    cpu = CostCurve({1: 0.065, 2: 0.105, 4: 0.10, 8: 0.106, 12: 0.122, 16: 0.15})
+    policy = AdaptiveBudget(cpu, BudgetConfig(mode="auto", grid="1,2,4,8,12,16", explore_every=1000,
+                                              decay=1.0), max_budget=16)
+    for _ in range(40):
+        for _ in range(3):
+            policy.observe(offered=16, tree_size=1, path=[])
+        policy.observe(offered=16, tree_size=11, path=[1, 2, 3])
+    assert policy.best() == 4
+    assert policy.rate(4) > policy.rate(1) * 1.4

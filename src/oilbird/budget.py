@@ -5,15 +5,17 @@ N = 64) and on a GPU at batch 1 (about the same as one token). The best budget t
 on the machine as much as on the drafter.
 
 - `CostCurve` is the measured forward time against N for one model on one device, cached on disk
-  keyed by model, device, thread count and library versions, so it is measured once.
-- `AdaptiveBudget` estimates, online, the expected committed tokens per forward E(B) for each
-  candidate budget B, and picks argmax E(B) / cost(B). Its estimator rests on one property of our
-  trees: nodes are added in priority order and parents precede children, so the tree a drafter
-  builds under budget B is (approximately) the first B nodes of the tree it builds under a larger
-  budget. From one verified tree of size N with accepted path c1 < c2 < ... we therefore know what
-  every budget B <= N would have committed: 1 + #{leading path nodes with index < B}. Larger
-  budgets are explored every `explore_every` forwards, and old cycles decay so the estimate
-  follows the traffic.
+  keyed by model, device, thread count, cache length and library versions: measured once.
+- `AdaptiveBudget` estimates, online, the committed tokens E(B) and the forward seconds T(B) per
+  forward for each candidate budget B, and picks argmax E(B) / T(B). Its estimator rests on one
+  property of our trees: nodes are added in priority order and parents precede children, so the
+  tree a drafter builds under budget B is (approximately) the first B nodes of the tree it builds
+  under a larger budget. From one verified tree of size N with accepted path c1 < c2 < ... we
+  therefore know what every budget B <= N would have committed, 1 + #{leading path nodes with
+  index < B}, and paid, cost(min(B, N)): a drafter that often has little to propose is not
+  charged for a full budget. Every `explore_every` forwards a budget about twice the current best
+  is tried, so the estimate can climb as far as the acceptance pays for, and old cycles decay so
+  it follows the traffic.
 """
 
 from __future__ import annotations
@@ -173,6 +175,9 @@ class AdaptiveBudget:
         # Prior: a light AR-like cycle per size, outweighed by the first real observation.
         self.committed = {b: PRIOR_WEIGHT for b in self.sizes}
         self.weight = {b: PRIOR_WEIGHT for b in self.sizes}
+        # Seconds spent per forward at each budget. A drafter with nothing to say builds a tree
+        # smaller than its budget and pays only for that, so the cost is learned, not cost(b).
+        self.seconds = {b: PRIOR_WEIGHT * curve.cost(b) for b in self.sizes}
         self.forwards = 0
         self.observed = 0
 
@@ -180,9 +185,13 @@ class AdaptiveBudget:
         """Current estimate of committed tokens per forward at `budget`."""
         return self.committed[budget] / self.weight[budget]
 
+    def rate(self, budget: int) -> float:
+        """Expected committed tokens per second of forward time at `budget`."""
+        return self.committed[budget] / self.seconds[budget]
+
     def best(self) -> int:
         """The budget with the highest expected committed tokens per second now."""
-        return max(self.sizes, key=lambda b: self.expected(b) / self.curve.cost(b))
+        return max(self.sizes, key=self.rate)
 
     def choose(self) -> int:
         """The budget for the next forward.
@@ -208,6 +217,8 @@ class AdaptiveBudget:
         for b in self.sizes:
             self.committed[b] *= decay
             self.weight[b] *= decay
+            self.seconds[b] *= decay
             if b <= offered or saturated:
                 self.committed[b] += counterfactual_commits(path, b)
                 self.weight[b] += 1.0
+                self.seconds[b] += self.curve.cost(min(b, tree_size))
