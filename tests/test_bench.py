@@ -72,6 +72,8 @@ def test_one_budget_keeps_plain_method_names():
     assert config.variants() == [("ar", "ar", "60"), ("pld", "pld", "60"), ("hf-pld", "hf-pld", "60")]
     config = BenchConfig(methods="pld,hf-pld", budget="60,auto")
     assert [v[0] for v in config.variants()] == ["ar", "pld@60", "pld@auto", "hf-pld"]
+    config = BenchConfig(methods="pld@auto,goose", budget="60")
+    assert config.variants()[1:] == [("pld@auto", "pld", "auto"), ("goose", "goose", "60")]
 
 
 def test_ctrl_c_keeps_and_summarises_the_requests_that_finished(smol, tmp_path, monkeypatch):

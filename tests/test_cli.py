@@ -31,6 +31,12 @@ def test_unknown_method_lists_methods(capsys):
     assert code == 2 and "'nope'" in err and "pld" in err
 
 
+@pytest.mark.parametrize("spec", ["pld@0", "pld@big", "hf-pld@60"])
+def test_bad_method_budget_is_refused(capsys, spec):
+    code, _, err = run_cli(capsys, "bench", "--methods", spec)
+    assert code == 2 and "name@N or name@auto" in err
+
+
 def test_malformed_jsonl_names_file_and_line(capsys, tmp_path, smol):
     traffic = tmp_path / "traffic.jsonl"
     traffic.write_text(json.dumps({"prompt": "hello"}) + "\n{not json\n")

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from oilbird.errors import DatasetError
-from oilbird.results import comparison_table, load_run, plot_comparison, source_shares
+from oilbird.results import comparison_table, load_run, merge_runs, plot_comparison, source_shares
 
 
 def _write_run(path, dataset, model, per_method, cut=False):
@@ -35,8 +35,8 @@ def test_table_shows_tau_and_same_run_speedup_per_dataset(tmp_path):
     _write_run(tmp_path / "b", "humaneval", "smol", {"ar": (10, 10, 2.0), "goose@60": (10, 5, 2.5)})
     runs = [load_run(tmp_path / "a"), load_run(tmp_path / "b")]
     table = comparison_table(runs)
-    assert "| goose@60 | 2.50 | 2.00x | 2.00 | 0.80x | 4/4 |" in table
-    assert "| ar | 1.00 | 1.00x | 1.00 | 1.00x | 4/4 |" in table
+    assert "| goose@60 | 2.50 | 2.00x (2.00x) | 2.00 | 0.80x (0.80x) | 4/4 |" in table
+    assert "| ar | 1.00 | 1.00x (1.00x) | 1.00 | 1.00x (1.00x) | 4/4 |" in table
     assert table.splitlines()[0] == "**smol**" and "1.0 |" in table  # pool memory, MiB
     assert "goose@60: pld" in source_shares(runs)
     png = tmp_path / "plot.png"
@@ -53,3 +53,16 @@ def test_a_cut_run_reports_only_requests_every_method_finished(tmp_path):
 def test_missing_run_is_a_clear_error(tmp_path):
     with pytest.raises(DatasetError, match="oilbird bench --out"):
         load_run(tmp_path / "nothing")
+
+
+def test_runs_over_the_same_requests_merge_into_one_column(tmp_path):
+    _write_run(tmp_path / "a", "api-bank", "smol", {"ar": (10, 10, 1.0), "goose@60": (10, 4, 0.5)})
+    _write_run(tmp_path / "b", "api-bank", "smol", {"ar": (10, 10, 2.0), "goose@auto": (10, 5, 1.0)})
+    runs = merge_runs([load_run(tmp_path / "a"), load_run(tmp_path / "b")])
+    assert len(runs) == 1 and list(runs[0].rows) == ["ar", "goose@60", "goose@auto"]
+    assert runs[0].rows["goose@auto"]["speedup"] == 2.0  # against run b's own ar
+    _write_run(tmp_path / "c", "api-bank", "smol", {"ar": (10, 10, 1.0)})
+    records = tmp_path / "c" / "records.jsonl"
+    records.write_text(records.read_text().splitlines()[0] + "\n")  # one request only
+    with pytest.raises(DatasetError, match="same requests"):
+        merge_runs([load_run(tmp_path / "a"), load_run(tmp_path / "c")])

@@ -96,20 +96,27 @@ class BenchConfig:
         names = [m.strip() for m in self.methods.split(",") if m.strip()]
         known = sorted(DRAFTERS) + sorted(EXTERNAL_METHODS)
         for name in names:
-            if name not in known:
-                raise ConfigError(f"unknown method {name!r}; known methods: {', '.join(known)}")
+            method, _, budget = name.partition("@")
+            if method not in known:
+                raise ConfigError(f"unknown method {method!r}; known methods: {', '.join(known)}")
+            if "@" in name and (method not in DRAFTERS or not (budget == "auto" or budget.isdigit() and int(budget) >= 1)):
+                raise ConfigError(f"{name!r}: only drafters take a budget, as name@N or name@auto")
         return ["ar"] + [m for m in dict.fromkeys(names) if m != "ar"]
 
     def variants(self) -> list[tuple[str, str, str]]:
         """(row label, method, budget) for every run: each drafter at each budget.
 
         With one budget the label is the method name; with several it is 'method@budget'.
-        'ar' (nothing to draft) and external methods run once, at the first budget.
+        'ar' (nothing to draft) and external methods run once, at the first budget. A method
+        given as 'name@budget' runs at that budget only.
         """
         budgets = self.budgets()
         out = []
         for method in self.method_list():
-            if method == "ar" or method not in DRAFTERS or len(budgets) == 1:
+            if "@" in method:
+                name, _, budget = method.partition("@")
+                out.append((method, name, budget))
+            elif method == "ar" or method not in DRAFTERS or len(budgets) == 1:
                 out.append((method, method, budgets[0]))
             else:
                 out.extend((f"{method}@{b}", method, b) for b in budgets)

@@ -136,9 +136,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from oilbird.results import comparison_table, load_run, plot_comparison, source_shares
+    from oilbird.results import comparison_table, load_run, merge_runs, plot_comparison, source_shares
 
-    runs = [load_run(Path(d)) for d in args.run_dirs]
+    runs = merge_runs([load_run(Path(d)) for d in args.run_dirs])
     print(comparison_table(runs))
     shares = source_shares(runs)
     if shares:

@@ -6,7 +6,8 @@ Contract:
   pool memory is known only from a finished run's summary.
 - `comparison_table` groups runs by model: one Markdown table per model, a row per method
   (as labelled in the runs, e.g. 'goose@60', 'goose@auto'), and per dataset τ and the speedup
-  against the `ar` of that same run. Speedups are never compared across runs.
+  against the `ar` of that same run (in brackets: the decode phase alone, prefill left out).
+  Speedups are never compared across runs.
 - `plot_comparison` draws the same numbers as grouped bars (τ and speedup, per model), PNG.
 """
 
@@ -60,6 +61,29 @@ def load_run(run_dir: Path) -> Run:
                environment=summary.get("environment", {}))
 
 
+def merge_runs(runs: list[Run]) -> list[Run]:
+    """Runs of one model on one dataset become one column: later runs add the methods they have.
+
+    Each row keeps the speedup against the `ar` of its own run; the first run's `ar` row stays.
+
+    Raises:
+        DatasetError: two such runs served a different number of requests.
+    """
+    merged: dict[tuple[str, str], Run] = {}
+    for run in runs:
+        key = (run.model, run.dataset)
+        if key not in merged:
+            merged[key] = Run(run.model, run.dataset, run.requests, dict(run.rows), run.environment)
+            continue
+        first = merged[key]
+        if first.requests != run.requests:
+            raise DatasetError(f"two {run.model} runs on {run.dataset} served {first.requests} and "
+                               f"{run.requests} requests: only runs over the same requests share a column")
+        for method, row in run.rows.items():
+            first.rows.setdefault(method, row)
+    return list(merged.values())
+
+
 def _method_order(runs: list[Run]) -> list[str]:
     labels = list(dict.fromkeys(m for run in runs for m in run.rows if m != REFERENCE))
     return ["ar"] + [m for m in labels if m != "ar"]
@@ -70,7 +94,7 @@ def comparison_table(runs: list[Run]) -> str:
     parts = []
     for model in dict.fromkeys(run.model for run in runs):
         mine = [run for run in runs if run.model == model]
-        head = "| method | " + " | ".join(f"{r.dataset} ({r.requests}) τ | speedup" for r in mine)
+        head = "| method | " + " | ".join(f"{r.dataset} ({r.requests}) τ | speedup (decode)" for r in mine)
         head += " | lossless | draft + bookkeeping % (max) | pool memory MiB (max) |"
         lines = [f"**{model}**", "", head,
                  "| --- |" + " ---: | ---: |" * len(mine) + " ---: | ---: | ---: |"]
@@ -82,6 +106,8 @@ def comparison_table(runs: list[Run]) -> str:
                     cells += ["–", "–"]
                     continue
                 speed = "–" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+                if row.get("decode_speedup") is not None:
+                    speed += f" ({row['decode_speedup']:.2f}x)"
                 cells += [f"{row['tau']:.2f}", speed]
                 audited += row["audited"]
                 lossless += row["lossless"]
