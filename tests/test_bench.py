@@ -52,12 +52,12 @@ def test_each_method_runs_at_each_budget_against_one_ar_and_auto_stays_lossless(
     from oilbird.budget import BudgetConfig
 
     config = BenchConfig(dataset="api-bank/level-1-api", limit=2, max_new_tokens=24,
-                         methods="pld,goose", budget="6,auto", warmup=0)
+                         methods="pld,goose,sam@auto", budget="6,auto", warmup=0)
     summary = run_bench(smol, config, out_dir=tmp_path, progress=False,
                         budget_config=BudgetConfig(mode="auto", grid="1,4,12", explore_every=2))
     rows = {r["method"]: r for r in summary["rows"]}
-    assert list(rows) == ["hf-greedy", "ar", "pld@6", "pld@auto", "goose@6", "goose@auto"]
-    for label in ("pld@6", "pld@auto", "goose@6", "goose@auto"):
+    assert list(rows) == ["hf-greedy", "ar", "pld@6", "pld@auto", "goose@6", "goose@auto", "sam@auto"]
+    for label in ("pld@6", "pld@auto", "goose@6", "goose@auto", "sam@auto"):
         assert rows[label]["lossless"] == rows[label]["audited"] == 2, rows[label]["divergences"]
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     fixed = [n for r in records if r["method"] == "goose@6" for n in r["nodes_per_forward"]]

@@ -173,7 +173,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
     verifier = TreeVerifier(loaded.model, loaded.stop_ids, verifier_config or VerifierConfig())
 
     curve, budget_config = None, budget_config or BudgetConfig(mode="auto")
-    if "auto" in config.budgets():
+    if any(budget == "auto" for _, _, budget in variants):
         curve = load_or_measure(loaded, budget_config, default_cache_dir(), log=lambda m: None)
 
     def new_policy(method: str, budget: str) -> AdaptiveBudget | None:

@@ -13,9 +13,9 @@ on the machine as much as on the drafter.
   under a larger budget. From one verified tree of size N with accepted path c1 < c2 < ... we
   therefore know what every budget B <= N would have committed, 1 + #{leading path nodes with
   index < B}, and paid, cost(min(B, N)): a drafter that often has little to propose is not
-  charged for a full budget. Every `explore_every` forwards a budget about twice the current best
-  is tried, so the estimate can climb as far as the acceptance pays for, and old cycles decay so
-  it follows the traffic.
+  charged for a full budget. Every `explore_every` forwards a larger budget is probed, in turn
+  2x, 4x, 8x, ... the current best, so the estimate can climb as far as the acceptance pays
+  for, and old cycles decay so it follows the traffic.
 """
 
 from __future__ import annotations
@@ -180,6 +180,7 @@ class AdaptiveBudget:
         self.seconds = {b: PRIOR_WEIGHT * curve.cost(b) for b in self.sizes}
         self.forwards = 0
         self.observed = 0
+        self.probes = 0
 
     def expected(self, budget: int) -> float:
         """Current estimate of committed tokens per forward at `budget`."""
@@ -196,17 +197,24 @@ class AdaptiveBudget:
     def choose(self) -> int:
         """The budget for the next forward.
 
-        Every `explore_every`-th forward probes about twice the current best (the next candidate
-        at or above 2x): one such tree informs every budget up to its size, so the estimate can
-        climb, while a probe never costs a jump to the largest tree (9x a one-token forward on
-        a CPU).
+        Every `explore_every`-th forward is a probe above the current best, taken in turn from
+        the ladder 2x, 4x, 8x, ... best (the next candidate at or above each). A probe informs
+        every budget up to its size. The ladder matters on a CPU, whose cost curve has steps
+        (2 tokens cost 1.6x one token, 8 tokens barely more than 2): probing only the next size
+        up would stall below the step, while probing the largest tree every time would cost 9x
+        a one-token forward per probe; on the ladder the large probes come rarely.
         """
         self.forwards += 1
         if self.observed == 0:  # the first tree is the largest: it informs every smaller size
             return self.sizes[-1]
         best = self.best()
         if self.forwards % self.config.explore_every == 0:
-            return next((b for b in self.sizes if b >= 2 * best), self.sizes[-1])
+            ladder = list(dict.fromkeys(
+                next((b for b in self.sizes if b >= best * 2 ** k), self.sizes[-1])
+                for k in range(1, 1 + max(1, self.sizes[-1].bit_length()))))
+            ladder = [b for b in ladder if b > best] or [best]
+            self.probes += 1
+            return ladder[(self.probes - 1) % len(ladder)]
         return best
 
     def observe(self, offered: int, tree_size: int, path: list[int]) -> None:
