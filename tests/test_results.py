@@ -57,10 +57,13 @@ def test_missing_run_is_a_clear_error(tmp_path):
 
 def test_runs_over_the_same_requests_merge_into_one_column(tmp_path):
     _write_run(tmp_path / "a", "api-bank", "smol", {"ar": (10, 10, 1.0), "goose@60": (10, 4, 0.5)})
-    _write_run(tmp_path / "b", "api-bank", "smol", {"ar": (10, 10, 2.0), "goose@auto": (10, 5, 1.0)})
+    _write_run(tmp_path / "b", "api-bank", "smol",
+               {"ar": (10, 10, 2.0), "goose@auto": (10, 5, 1.0), "goose@60": (10, 2, 1.0)})
     runs = merge_runs([load_run(tmp_path / "a"), load_run(tmp_path / "b")])
     assert len(runs) == 1 and list(runs[0].rows) == ["ar", "goose@60", "goose@auto"]
     assert runs[0].rows["goose@auto"]["speedup"] == 2.0  # against run b's own ar
+    assert runs[0].rows["goose@60"]["tau"] == 5.0  # the re-run supersedes
+    assert runs[0].rows["ar"]["tokens_per_s"] == 10.0  # the first run's baseline stays
     _write_run(tmp_path / "c", "api-bank", "smol", {"ar": (10, 10, 1.0)})
     records = tmp_path / "c" / "records.jsonl"
     records.write_text(records.read_text().splitlines()[0] + "\n")  # one request only

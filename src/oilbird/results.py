@@ -62,9 +62,9 @@ def load_run(run_dir: Path) -> Run:
 
 
 def merge_runs(runs: list[Run]) -> list[Run]:
-    """Runs of one model on one dataset become one column: later runs add the methods they have.
-
-    Each row keeps the speedup against the `ar` of its own run; the first run's `ar` row stays.
+    """Runs of one model on one dataset become one column: later runs add the methods they have
+    and replace the rows they repeat (a re-run supersedes), except the baselines `ar` and the
+    reference, which stay the first run's. Each row keeps the speedup against its own run's `ar`.
 
     Raises:
         DatasetError: two such runs served a different number of requests.
@@ -80,7 +80,8 @@ def merge_runs(runs: list[Run]) -> list[Run]:
             raise DatasetError(f"two {run.model} runs on {run.dataset} served {first.requests} and "
                                f"{run.requests} requests: only runs over the same requests share a column")
         for method, row in run.rows.items():
-            first.rows.setdefault(method, row)
+            if method not in ("ar", REFERENCE) or method not in first.rows:
+                first.rows[method] = row
     return list(merged.values())
 
 
