@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +63,7 @@ class CostCurve:
     """Seconds per forward against the number of tokens in it, for one model and device."""
 
     points: dict[int, float]
-    """N -> median seconds of a forward over N tree tokens."""
+    """N -> seconds of a forward over N tree tokens (fastest of several runs)."""
     key: str = ""
     """What was measured (model, device, threads, versions)."""
 
@@ -90,7 +89,7 @@ class CostCurve:
 
 
 @torch.inference_mode()
-def measure_cost_curve(model, sizes: list[int], prefix_len: int = 512, repeats: int = 3,
+def measure_cost_curve(model, sizes: list[int], prefix_len: int = 512, repeats: int = 5,
                        key: str = "") -> CostCurve:
     """Time one tree forward (a chain of N nodes) over a cache of `prefix_len` tokens, per N."""
     from oilbird.verifier import TreeVerifier  # local: verifier imports nothing from here
@@ -114,7 +113,9 @@ def measure_cost_curve(model, sizes: list[int], prefix_len: int = 512, repeats: 
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
             state.cache.crop(-n)  # drop the probe's rows: the cache stays at prefix_len
-        points[n] = statistics.median(times[1:])
+        # The fastest run, not the median: another process sharing the cores only ever adds
+        # time, and a curve measured under load would otherwise keep that load's bumps.
+        points[n] = min(times[1:])
     return CostCurve(points=points, key=key)
 
 
@@ -123,7 +124,7 @@ def cost_curve_key(loaded, prefix_len: int, threads: int | None = None) -> str:
     import transformers
 
     threads = threads or torch.get_num_threads()
-    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}"
+    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}|min"
             f"|torch={torch.__version__}|transformers={transformers.__version__}")
 
 
