@@ -89,3 +89,20 @@ def test_goose_output_equals_greedy_on_api_bank(serve_api_bank):
     results, tau = serve_api_bank(make_drafter("goose"), node_budget=64)
     assert all(set(r.accepted_sources) <= {"pld", "tr"} for r in results)
     assert tau > 1.2
+
+
+def test_prefill_harvest_can_be_turned_off(smol):
+    from oilbird.decode import DecodeConfig, decode
+    from oilbird.drafters.goose import GooseConfig
+    from oilbird.verifier import TreeVerifier
+
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    prompt = smol.encode_chat([{"role": "user", "content": "Say hello."}])
+    tables = {}
+    for harvest in (True, False):
+        drafter = make_drafter("goose", GooseConfig(harvest_prefill=harvest))
+        assert drafter.needs_prefill is harvest
+        decode(verifier, drafter, prompt, DecodeConfig(max_new_tokens=1), max_context=smol.max_context)
+        tables[harvest] = len(drafter.tables["default"].unigram)
+    # One forward harvests at most its one-node tree; the prefill adds every prompt position.
+    assert tables[False] <= 1 < len(prompt) // 2 <= tables[True]

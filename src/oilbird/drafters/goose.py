@@ -65,6 +65,8 @@ class GooseConfig:
     """Spine-acceptance EMA at the start of a request."""
     use_bigram: bool = True
     """Consult the (prev, cur) tier before the unigram tier."""
+    harvest_prefill: bool = True
+    """Also fill the adjacency table from every prompt position's top-K, as GOOSE does. It costs the full-vocabulary logits at every prompt position: a 20-40% slower prefill on a CPU."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1 or self.node_budget < 1 or self.max_chain < 1:
@@ -257,10 +259,11 @@ class Goose(Drafter):
 
     name = "goose"
     Config = GooseConfig
-    needs_prefill = True  # the adjacency table harvests every prompt position too
+    needs_prefill = True  # the adjacency table harvests every prompt position too (configurable)
 
     def __init__(self, config: GooseConfig | None = None) -> None:
         super().__init__(config)
+        self.needs_prefill = self.config.harvest_prefill
         self.tables: dict[str, AdjacencyTable] = {}  # per tenant: no cross-tenant drafts
         self.spine_nodes: list[int] = []
 
