@@ -6,6 +6,9 @@ Contract:
   methods run back to back, so slow drift of the machine hits all of them alike.
 - Each drafter instance lives for the whole dataset (cross-request drafters accumulate their pool
   in serving order); the warm-up uses throw-away instances so it leaks nothing into the pools.
+- Budgets: `budget` may list several ('60,auto'), and a method may name its own ('goose@auto');
+  each (method, budget) is its own drafter instance with its own pool and budget policy, reported
+  as its own row, against the one shared `ar`.
 - τ = Σ committed tokens / Σ verification forwards, pooled over the dataset. The prefill is not a
   verification forward and commits no token (the last prompt token is the first anchor).
 - Speed: tokens/s = Σ generated tokens / Σ request wall time (prefill included), pooled; speedup =
