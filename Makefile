@@ -26,8 +26,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(VENV)/bin/oilbird bench --dataset api-bank/level-1-api --limit 50 --max-new-tokens 64 \
-		--methods ar,pld,hf-pld --out $(BENCH_OUT)
+	$(VENV)/bin/oilbird bench --dataset api-bank --per-category 5 --limit 20 --max-new-tokens 64 \
+		--methods pld,sam,suffix,tr,goose,hf-pld --budget auto --out $(BENCH_OUT)
 
 # Optional: the official SuffixDecoding (method suffix-ref), built from source. CMake must find
 # the venv's Python (which has nanobind), hence the PATH.
