@@ -361,6 +361,21 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
     return "\n".join(lines)
 
 
+def read_records(run_dir: Path) -> list[dict]:
+    """The records of an `oilbird bench --out run_dir` run, in serving order.
+
+    Raises:
+        DatasetError: the directory holds no records, or an empty file.
+    """
+    path = run_dir / "records.jsonl"
+    if not path.exists():
+        raise DatasetError(f"no benchmark records at {path}; run `oilbird bench --out {run_dir}` first")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not records:
+        raise DatasetError(f"{path} is empty: the run was stopped before its first request")
+    return records
+
+
 def report(run_dir: Path, by_category: bool = False, first: int | None = None,
            method: str | None = None) -> str:
     """Markdown tables re-made from a run's records.jsonl (all requests, or one per category).
@@ -371,10 +386,7 @@ def report(run_dir: Path, by_category: bool = False, first: int | None = None,
     Raises:
         DatasetError: if the run directory holds no records.
     """
-    path = run_dir / "records.jsonl"
-    if not path.exists():
-        raise DatasetError(f"no benchmark records at {path}; run `oilbird bench --out {run_dir}` first")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = read_records(run_dir)
     if first is not None:
         keep = set(list(dict.fromkeys(r["request_id"] for r in records))[:first])
         records = [r for r in records if r["request_id"] in keep]

@@ -175,17 +175,12 @@ class AdaptiveBudget:
         self.sizes = [b for b in config.sizes() if b <= max_budget] or [1]
         # Prior: a light AR-like cycle per size, outweighed by the first real observation.
         self.committed = {b: PRIOR_WEIGHT for b in self.sizes}
-        self.weight = {b: PRIOR_WEIGHT for b in self.sizes}
         # Seconds spent per forward at each budget. A drafter with nothing to say builds a tree
         # smaller than its budget and pays only for that, so the cost is learned, not cost(b).
         self.seconds = {b: PRIOR_WEIGHT * curve.cost(b) for b in self.sizes}
         self.forwards = 0
         self.observed = 0
         self.probes = 0
-
-    def expected(self, budget: int) -> float:
-        """Current estimate of committed tokens per forward at `budget`."""
-        return self.committed[budget] / self.weight[budget]
 
     def rate(self, budget: int) -> float:
         """Expected committed tokens per second of forward time at `budget`."""
@@ -225,9 +220,7 @@ class AdaptiveBudget:
         saturated = tree_size < offered  # the drafter had nothing more to give
         for b in self.sizes:
             self.committed[b] *= decay
-            self.weight[b] *= decay
             self.seconds[b] *= decay
             if b <= offered or saturated:
                 self.committed[b] += counterfactual_commits(path, b)
-                self.weight[b] += 1.0
                 self.seconds[b] += self.curve.cost(min(b, tree_size))

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from oilbird.bench import REFERENCE, summarize
+from oilbird.bench import REFERENCE, read_records, summarize
 from oilbird.errors import DatasetError
 
 
@@ -38,19 +38,17 @@ def load_run(run_dir: Path) -> Run:
     Raises:
         DatasetError: the directory holds no records.
     """
-    path = run_dir / "records.jsonl"
-    if not path.exists():
-        raise DatasetError(f"no benchmark records at {path}; run `oilbird bench --out {run_dir}` first")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if not records:
-        raise DatasetError(f"{path} is empty: the run was stopped before its first request")
+    records = read_records(run_dir)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    # A request counts only when every method finished it (a cut run may end mid-request).
+    # A request counts only when every method finished it (runs written before records were
+    # emitted per whole request may end mid-request).
     methods = list(dict.fromkeys(r["method"] for r in records))
-    done = [rid for rid in dict.fromkeys(r["request_id"] for r in records)
-            if {r["method"] for r in records if r["request_id"] == rid} == set(methods)]
-    records = [r for r in records if r["request_id"] in set(done)]
+    seen: dict[str, set] = {}
+    for r in records:
+        seen.setdefault(r["request_id"], set()).add(r["method"])
+    done = {rid for rid, have in seen.items() if len(have) == len(methods)}
+    records = [r for r in records if r["request_id"] in done]
     rows = {row["method"]: row for row in summarize(records, methods)}
     for saved in summary.get("rows", []):  # memory is measured at the end of a finished run
         if saved["method"] in rows:

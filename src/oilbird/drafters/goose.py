@@ -66,7 +66,7 @@ class GooseConfig:
     use_bigram: bool = True
     """Consult the (prev, cur) tier before the unigram tier."""
     harvest_prefill: bool = True
-    """Also fill the adjacency table from every prompt position's top-K, as GOOSE does. It costs the full-vocabulary logits at every prompt position: a 20-40% slower prefill on a CPU."""
+    """Also fill the adjacency table from every prompt position's top-K, as GOOSE does. It costs the full-vocabulary logits at every prompt position: a 20-50% slower prefill on a CPU (measured: docs/RESULTS.md)."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1 or self.node_budget < 1 or self.max_chain < 1:
