@@ -27,7 +27,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/oilbird bench --dataset api-bank --per-category 5 --limit 20 --max-new-tokens 64 \
-		--methods pld,sam,suffix,tr,goose,hf-pld --budget auto --out $(BENCH_OUT)
+		--methods pld,sam,suffix,tr,goose,oilbird,hf-pld --budget auto --out $(BENCH_OUT)
 
 # Optional: the official SuffixDecoding (method suffix-ref), built from source. CMake must find
 # the venv's Python (which has nanobind), hence the PATH.

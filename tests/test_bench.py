@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 from oilbird.bench import BenchConfig, run_bench
+from oilbird.errors import ConfigError
 
 
 def test_bench_runs_methods_side_by_side_and_audits(smol, tmp_path):
@@ -74,6 +77,30 @@ def test_one_budget_keeps_plain_method_names():
     assert [v[0] for v in config.variants()] == ["ar", "pld@60", "pld@auto", "hf-pld"]
     config = BenchConfig(methods="pld@auto,goose", budget="60")
     assert config.variants()[1:] == [("pld@auto", "pld", "auto"), ("goose", "goose", "60")]
+
+
+def test_method_specs_carry_config_overrides():
+    from oilbird.bench import build_drafter, split_methods
+
+    config = BenchConfig(methods="goose,oilbird[sem_entry_budget=0;sem_floor=false]@auto,oilbird", budget="60")
+    assert [v[0] for v in config.variants()] == [
+        "ar", "goose", "oilbird[sem_entry_budget=0;sem_floor=false]@auto", "oilbird"]
+    drafter = build_drafter("oilbird[sem_entry_budget=0;sem_floor=false]", {})
+    assert drafter.config.sem_entry_budget == 0 and drafter.config.sem_floor is False
+    assert build_drafter("oilbird", {}).config.sem_entry_budget > 0
+    assert split_methods("a[x=1,2],b") == ["a[x=1,2]", "b"]
+
+
+@pytest.mark.parametrize("methods, complaint", [
+    ("oilbird[sem_nothing=1]", "no config field 'sem_nothing'"),
+    ("oilbird[sem_top_k=many]", "expected int"),
+    ("oilbird[sem_top_k=0]", "sem_top_k"),
+    ("oilbird[sem_top_k]", "not field=value"),
+    ("hf-pld[x=1]", "only drafters take config overrides"),
+])
+def test_bad_method_specs_say_what_is_wrong(methods, complaint):
+    with pytest.raises(ConfigError, match=complaint):
+        BenchConfig(methods=methods).method_list()
 
 
 def test_ctrl_c_keeps_and_summarises_the_requests_that_finished(smol, tmp_path, monkeypatch):

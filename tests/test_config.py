@@ -43,3 +43,16 @@ def test_invalid_values_raise_config_error():
     add_config_args(parser, DemoConfig, prefix="demo")
     with pytest.raises(ConfigError, match="depth must be >= 0"):
         config_from_args(DemoConfig, parser.parse_args(["--demo-depth", "-1"]), "demo")
+
+
+def test_inherited_fields_keep_their_docstrings_and_options():
+    from oilbird.drafters.semantic import OilbirdConfig
+
+    docs = field_docs(OilbirdConfig)
+    assert docs["sem_theta"].startswith("Entry floor")  # from SemanticConfig
+    assert docs["node_budget"] and docs["harvest_prefill"]  # from GooseConfig
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, OilbirdConfig, prefix="oilbird")
+    args = parser.parse_args(["--oilbird-sem-theta", "0.8", "--oilbird-top-k", "4"])
+    config = config_from_args(OilbirdConfig, args, prefix="oilbird")
+    assert config.sem_theta == 0.8 and config.top_k == 4

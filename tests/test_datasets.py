@@ -111,6 +111,15 @@ def test_per_category_keeps_the_first_n_of_every_category():
     assert [r.id for r in requests] == [r.id for r in everything if r.id in set(expected)]
 
 
+def test_skip_leaves_out_a_development_split_per_category():
+    dev = load_dataset("api-bank", per_category=2)
+    evaluation = load_dataset("api-bank", per_category=3, skip=2)
+    assert len(evaluation) == 12 and not {r.id for r in dev} & {r.id for r in evaluation}
+    assert evaluation[:3] == load_dataset("api-bank/level-1-api")[2:5]
+    with pytest.raises(DatasetError, match="skip"):
+        load_dataset("api-bank", skip=-1)
+
+
 def test_limit_keeps_the_first_requests_after_selection():
     assert load_dataset("api-bank/level-2-api", limit=5) == load_dataset("api-bank/level-2-api")[:5]
     assert load_dataset("spec-bench:rag", limit=3) == load_dataset("spec-bench:rag")[:3]

@@ -24,9 +24,10 @@ def fake_verification(tree, committed, token_range):
     n = len(tree)
     gen = torch.Generator().manual_seed(len(committed) + n)
     topk = token_range[0] + torch.randint(0, token_range[1] - token_range[0], (n, 10), generator=gen)
+    hidden = torch.randn(n, HIDDEN, generator=gen)
     return Verification(tree=tree, prefix_len=0, argmax=topk[:, 0], topk_ids=topk,
                         topk_logits=torch.linspace(5, 0, 10).repeat(n, 1),
-                        hidden=torch.randn(n, HIDDEN, generator=gen), path=[],
+                        hidden=hidden, hidden_states=(hidden,), path=[],
                         committed=committed, finished=False)
 
 
@@ -35,9 +36,10 @@ def serve(drafter, request_id, prompt, output, tenant, token_range, seen_drafts)
     if drafter.needs_prefill:
         p = len(prompt) - 1
         topk = token_range[0] + torch.arange(p * 10).reshape(p, 10) % (token_range[1] - token_range[0])
+        hidden = torch.randn(p, HIDDEN)
         drafter.observe_prefill(PrefillObservation(prompt[:-1], topk,
                                                    torch.linspace(5, 0, 10).repeat(p, 1),
-                                                   torch.randn(p, HIDDEN)))
+                                                   hidden, (hidden,)))
     for token in output:
         tree = drafter.propose(budget=32)
         seen_drafts.update(tree.tokens[1:])
@@ -85,8 +87,9 @@ def test_no_draft_from_the_current_requests_future(method):
     drafter.start_request("r", prompt, "t")
     if drafter.needs_prefill:
         p = len(prompt) - 1
+        hidden = torch.randn(p, HIDDEN)
         drafter.observe_prefill(PrefillObservation(prompt[:-1], torch.full((p, 10), 5000),
-                                                   torch.zeros(p, 10), torch.randn(p, HIDDEN)))
+                                                   torch.zeros(p, 10), hidden, (hidden,)))
     for i, token in enumerate(future):
         tree = drafter.propose(budget=32)
         assert not set(tree.tokens[1:]) & set(future[i:]), f"{method} drafted an uncommitted token"

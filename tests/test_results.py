@@ -5,7 +5,8 @@ import json
 import pytest
 
 from oilbird.errors import DatasetError
-from oilbird.results import comparison_table, load_run, merge_runs, plot_comparison, source_shares
+from oilbird.results import (comparison_table, load_run, merge_runs, plot_comparison, semantic_report,
+                             source_shares)
 
 
 def _write_run(path, dataset, model, per_method, cut=False):
@@ -69,3 +70,25 @@ def test_runs_over_the_same_requests_merge_into_one_column(tmp_path):
     records.write_text(records.read_text().splitlines()[0] + "\n")  # one request only
     with pytest.raises(DatasetError, match="same requests"):
         merge_runs([load_run(tmp_path / "a"), load_run(tmp_path / "c")])
+
+
+def test_semantic_report_pairs_ablations_and_costs(tmp_path):
+    _write_run(tmp_path / "a", "api-bank", "smol", {
+        "ar": (10, 10, 1.0), "goose": (10, 5, 1.0), "oilbird": (10, 4, 1.0),
+        "oilbird[sem_entry_budget=0]": (10, 5, 1.0), "oilbird[sem_layer=0]": (10, 5, 1.0),
+        "pld": (10, 8, 1.0), "oilbird-pld": (10, 5, 1.0)})
+    records = (tmp_path / "a" / "records.jsonl").read_text().splitlines()
+    stats = dict(cycles=4, fired=2, retrieve_s=0.004, merge_s=0.0, harvest_s=0.004, sem_paid=10,
+                 sem_paid_accepted=2, store_records=100, bytes_per_record=1160, theta=0.7, faiss=False)
+    patched = []
+    for line in records:
+        record = json.loads(line)
+        if record["method"] == "oilbird":
+            record.update(drafter_stats=stats, sole_sources={"sem": 1}, accepted_drafts=6)
+        patched.append(json.dumps(record))
+    (tmp_path / "a" / "records.jsonl").write_text("\n".join(patched) + "\n")
+    report = semantic_report([load_run(tmp_path / "a")])
+    assert "| 2.00 → 2.50 | +25.0% |" in report  # controlled pair and goose -> oilbird
+    assert "transplant into prompt lookup: pld → oilbird-pld | 1.25 → 2.00 | +60.0% |" in report
+    assert "| oilbird[sem_layer=0] | 2.00 | -20.0% |" in report
+    assert "| oilbird | 16.7% | 50% | 20.0% | 1.00 | 0.00 | 1.00 |" in report

@@ -130,3 +130,16 @@ def test_prefill_observation_matches_full_logits(smol, setup):
     # Decoding from the observed prefill is unchanged.
     ver = verifier.verify(state, DraftTree.root(prompt[-1]))
     assert ver.committed == [greedy[0]]
+
+
+def test_every_layers_state_is_exposed_and_the_prefill_top_k_is_optional(smol, setup):
+    prompt, greedy = setup
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    state, obs = verifier.prefill_observed(prompt, topk=False)
+    layers = smol.model.config.num_hidden_layers + 1  # the input embeddings, then every block
+    assert obs.topk_ids.shape == (len(prompt) - 1, 0) and len(obs.hidden_states) == layers
+    embed = smol.model.get_input_embeddings()(torch.tensor(prompt[:-1]))  # [P, hidden]
+    assert torch.allclose(obs.hidden_states[0], embed)  # index 0: the static input embedding
+    ver = verifier.verify(state, DraftTree.chain(prompt[-1], greedy[:3], "test"))
+    assert len(ver.hidden_states) == layers and torch.equal(ver.hidden_states[-1], ver.hidden)
+    assert ver.committed == greedy[:4]

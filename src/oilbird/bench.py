@@ -27,7 +27,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -58,6 +58,8 @@ class BenchConfig:
     """Serve the first N requests (after category selection)."""
     per_category: int = 0
     """If > 0, serve at most N requests of each category (Spec-Bench); 0 keeps all."""
+    skip: int = 0
+    """Skip the first N requests of each category first (evaluate on what a development run with --per-category N did not see)."""
     max_new_tokens: int = 64
     """Most tokens generated per request."""
     methods: str = "ar,pld"
@@ -74,6 +76,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.limit < 1:
             raise ValueError(f"--limit must be a positive integer, got {self.limit}")
+        if self.skip < 0:
+            raise ValueError(f"--skip must be >= 0, got {self.skip}")
         if self.per_category < 0:
             raise ValueError(f"--per-category must be >= 0, got {self.per_category}")
         if self.warmup < 0:
@@ -91,27 +95,36 @@ class BenchConfig:
         return out
 
     def method_list(self) -> list[str]:
-        """The methods to run, 'ar' first, each known.
+        """The method specs to run, 'ar' first, each known and each override valid.
+
+        A spec is `name`, `name@budget`, or `name[field=value;...]` (with an optional
+        `@budget`): the drafter with those config fields changed, e.g.
+        'oilbird[sem_entry_budget=0]'. Specs are separated by commas outside brackets.
 
         Raises:
-            ConfigError: for an unknown method, listing the known ones.
+            ConfigError: for an unknown method or field, or a bad value, naming what is known.
         """
-        names = [m.strip() for m in self.methods.split(",") if m.strip()]
+        names = split_methods(self.methods)
         known = sorted(DRAFTERS) + sorted(EXTERNAL_METHODS)
         for name in names:
-            method, _, budget = name.partition("@")
+            spec, _, budget = name.partition("@")
+            method, overrides = parse_spec(spec)
             if method not in known:
                 raise ConfigError(f"unknown method {method!r}; known methods: {', '.join(known)}")
             if "@" in name and (method not in DRAFTERS or not (budget == "auto" or budget.isdigit() and int(budget) >= 1)):
                 raise ConfigError(f"{name!r}: only drafters take a budget, as name@N or name@auto")
+            if overrides:
+                if method not in DRAFTERS:
+                    raise ConfigError(f"{name!r}: only drafters take config overrides")
+                configure(method, None, overrides)  # validates fields and values now
         return ["ar"] + [m for m in dict.fromkeys(names) if m != "ar"]
 
     def variants(self) -> list[tuple[str, str, str]]:
-        """(row label, method, budget) for every run: each drafter at each budget.
+        """(row label, method spec, budget) for every run: each drafter at each budget.
 
-        With one budget the label is the method name; with several it is 'method@budget'.
+        With one budget the label is the spec; with several it is 'spec@budget'.
         'ar' (nothing to draft) and external methods run once, at the first budget. A method
-        given as 'name@budget' runs at that budget only.
+        given as 'spec@budget' runs at that budget only.
         """
         budgets = self.budgets()
         out = []
@@ -119,11 +132,85 @@ class BenchConfig:
             if "@" in method:
                 name, _, budget = method.partition("@")
                 out.append((method, name, budget))
-            elif method == "ar" or method not in DRAFTERS or len(budgets) == 1:
+            elif method == "ar" or parse_spec(method)[0] not in DRAFTERS or len(budgets) == 1:
                 out.append((method, method, budgets[0]))
             else:
                 out.extend((f"{method}@{b}", method, b) for b in budgets)
         return out
+
+
+def split_methods(text: str) -> list[str]:
+    """Split a methods list on commas that are not inside [...] overrides."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """'oilbird[sem_theta=0.6;sem_floor=false]' -> ('oilbird', {'sem_theta': '0.6', ...}).
+
+    Raises:
+        ConfigError: for unbalanced brackets or an override without '='.
+    """
+    if "[" not in spec:
+        return spec, {}
+    method, _, rest = spec.partition("[")
+    if not rest.endswith("]"):
+        raise ConfigError(f"{spec!r}: overrides go in one trailing [field=value;...]")
+    overrides = {}
+    for item in filter(None, (x.strip() for x in rest[:-1].split(";"))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"{spec!r}: override {item!r} is not field=value")
+        overrides[key.strip()] = value.strip()
+    return method.strip(), overrides
+
+
+def configure(method: str, base, overrides: dict[str, str]):
+    """`method`'s config: `base` (or the defaults) with `overrides` (field -> text) applied.
+
+    Raises:
+        ConfigError: for a field the config does not have, or a value it rejects.
+    """
+    cls = DRAFTERS[method].Config
+    config = base if base is not None else cls()
+    if not overrides:
+        return config
+    types = {f.name: f.type for f in fields(cls)}
+    values = {}
+    for key, text in overrides.items():
+        if key not in types:
+            raise ConfigError(f"{method} has no config field {key!r}; fields: {', '.join(types)}")
+        kind = {"int": int, "float": float, "bool": _bool, "str": str}.get(str(types[key]), str)
+        try:
+            values[key] = kind(text)
+        except ValueError:
+            raise ConfigError(f"{method}[{key}={text}]: expected {types[key]}") from None
+    try:
+        return replace(config, **values)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{method}{overrides}: {err}") from None
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def build_drafter(spec: str, drafter_configs: dict):
+    """A fresh drafter for a method spec (see `BenchConfig.method_list`)."""
+    method, overrides = parse_spec(spec)
+    return make_drafter(method, configure(method, drafter_configs.get(method), overrides))
 
 
 def node_budget(budget: str) -> int:
@@ -164,7 +251,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
     variants = config.variants()  # (label, method, budget)
     methods = [label for label, _, _ in variants]
     requests = load_dataset(config.dataset, limit=config.limit,
-                            per_category=config.per_category or None,
+                            per_category=config.per_category or None, skip=config.skip,
                             data_dir=Path(config.data_dir) if config.data_dir else None)
     prompts = [encode_request(loaded, r) for r in requests]
     for request, ids in zip(requests, prompts):  # refuse bad prompts before spending any time
@@ -181,7 +268,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
 
     def new_policy(method: str, budget: str) -> AdaptiveBudget | None:
         # One policy per drafter instance: its acceptance estimate is that drafter's own.
-        if budget != "auto" or method == "ar" or method not in DRAFTERS:
+        if budget != "auto" or method == "ar" or parse_spec(method)[0] not in DRAFTERS:
             return None
         return AdaptiveBudget(curve, budget_config, AUTO_MAX_BUDGET)
 
@@ -204,17 +291,18 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                     excess_tokens=res.excess_tokens, accepted_drafts=res.accepted_drafts,
                     accepted_sources=res.accepted_sources, sole_sources=res.sole_sources,
                     committed_per_forward=res.committed_per_forward,
-                    nodes_per_forward=res.nodes_per_forward)
+                    nodes_per_forward=res.nodes_per_forward, drafter_stats=res.drafter_stats)
 
     # Warm-up: throw-away drafters, so nothing reaches the measured drafters' pools.
     for ids in prompts[: config.warmup]:
         greedy_reference(loaded.model, ids, min(8, config.max_new_tokens), loaded.stop_ids)
         for _, method, budget in variants:
-            drafter = make_drafter(method, drafter_configs.get(method)) if method in DRAFTERS else None
+            drafter = build_drafter(method, drafter_configs) if parse_spec(method)[0] in DRAFTERS else None
             run(method, budget, drafter, ids, "warmup", min(8, config.max_new_tokens),
                 new_policy(method, budget))
 
-    drafters = {label: make_drafter(m, drafter_configs.get(m)) for label, m, _ in variants if m in DRAFTERS}
+    drafters = {label: build_drafter(m, drafter_configs) for label, m, _ in variants
+                if parse_spec(m)[0] in DRAFTERS}
     policies = {label: p for label, m, b in variants if (p := new_policy(m, b)) is not None}
     records: list[dict] = []
     sink = None
@@ -312,6 +400,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
                     out[source] = out.get(source, 0) + count
             for source in out:
                 out[source] = out[source] / drafts if drafts else 0.0
+        row["semantic"] = _semantic_stats(recs)
         # Decode phase only: the prefill is identical across methods and dilutes the ratio.
         row["decode_tokens_per_s"] = tokens / cycle if has_split and cycle else None
         rows.append(row)
@@ -322,6 +411,27 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
                                  if base and row["decode_tokens_per_s"] and base["decode_tokens_per_s"]
                                  else None)
     return rows
+
+
+def _semantic_stats(recs: list[dict]) -> dict | None:
+    """Pooled semantic-source measurements of a method (None for methods without the source)."""
+    stats = [r["drafter_stats"] for r in recs if (r.get("drafter_stats") or {}).get("cycles") is not None
+             and "retrieve_s" in r["drafter_stats"]]
+    if not stats:
+        return None
+    cycles = sum(s["cycles"] for s in stats)
+    paid = sum(s["sem_paid"] for s in stats)
+    cycle_s = sum((r.get("draft_s") or 0) + (r.get("forward_s") or 0) + (r.get("bookkeeping_s") or 0)
+                  for r in recs)
+    upkeep = sum(s["retrieve_s"] + s["merge_s"] + s["harvest_s"] for s in stats)
+    return dict(cycles=cycles, fired_share=sum(s["fired"] for s in stats) / cycles if cycles else 0.0,
+                retrieve_ms_per_cycle=1e3 * sum(s["retrieve_s"] for s in stats) / cycles if cycles else 0.0,
+                merge_ms_per_cycle=1e3 * sum(s["merge_s"] for s in stats) / cycles if cycles else 0.0,
+                harvest_ms_per_cycle=1e3 * sum(s["harvest_s"] for s in stats) / cycles if cycles else 0.0,
+                share_of_cycle=upkeep / cycle_s if cycle_s else 0.0,
+                paid_nodes=paid, paid_accepted=sum(s["sem_paid_accepted"] for s in stats),
+                store_records=stats[-1]["store_records"], bytes_per_record=stats[-1]["bytes_per_record"],
+                theta_end=stats[-1].get("theta"), faiss=any(s.get("faiss") for s in stats))
 
 
 def format_table(rows: list[dict], config: BenchConfig) -> str:
@@ -350,6 +460,20 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
             memory = r.get("memory_bytes")
             mem = f"; pool/table memory {memory / 2**20:.1f} MiB" if memory else ""
             lines.append(f"- {r['method']}: " + ", ".join(parts) + mem)
+    semantic = [r for r in rows if r.get("semantic")]
+    if semantic:
+        lines.append("")
+        lines.append("Semantic source (per drafting cycle; share = retrieval + merge + harvest of the "
+                     "decode cycle; acceptance = accepted / paid semantic nodes):")
+        for r in semantic:
+            s = r["semantic"]
+            lines.append(
+                f"- {r['method']}: fired in {100 * s['fired_share']:.0f}% of cycles; retrieval "
+                f"{s['retrieve_ms_per_cycle']:.2f} ms, merge {s['merge_ms_per_cycle']:.2f} ms, harvest "
+                f"{s['harvest_ms_per_cycle']:.2f} ms ({100 * s['share_of_cycle']:.1f}% of the cycle); "
+                f"{s['paid_nodes']} nodes paid, {100 * s['paid_accepted'] / max(1, s['paid_nodes']):.1f}% "
+                f"accepted; store {s['store_records']} records x {s['bytes_per_record']} B"
+                + (" (FAISS)" if s["faiss"] else ""))
     lines.append("")
     lines.append(f"{config.dataset}, {config.max_new_tokens} new tokens max, node budget "
                  f"{config.budget}. τ = Σ committed / Σ verification forwards (prefill not "

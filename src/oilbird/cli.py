@@ -136,13 +136,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from oilbird.results import comparison_table, load_run, merge_runs, plot_comparison, source_shares
+    from oilbird.results import (comparison_table, load_run, merge_runs, plot_comparison, semantic_report,
+                                 source_shares)
 
     runs = merge_runs([load_run(Path(d)) for d in args.run_dirs])
     print(comparison_table(runs))
     shares = source_shares(runs)
     if shares:
         print("\nAccepted draft tokens by source (multi-source methods):\n" + shares)
+    if args.semantic:
+        print("\nThe semantic source (pairs, ablations, costs):\n\n" + semantic_report(runs))
     if args.plot:
         plot_comparison(runs, Path(args.plot))
         print(f"\nplot: {args.plot}")
@@ -210,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     tab = sub.add_parser("table", help="one comparison table (and plot) across benchmark runs")
     tab.add_argument("run_dirs", nargs="+", help="--out directories of `oilbird bench` runs")
     tab.add_argument("--plot", default=None, help="also draw τ and speedup to this PNG file")
+    tab.add_argument("--semantic", action="store_true",
+                     help="also the semantic source's tables: with/without pairs, ablations, retrieval cost")
     tab.set_defaults(func=cmd_table)
 
     lst = sub.add_parser("list", help="list model presets, datasets and methods")

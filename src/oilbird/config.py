@@ -30,6 +30,9 @@ def field_docs(cls: type) -> dict[str, str]:
         field name -> docstring (empty string where a field has none).
     """
     docs = {f.name: "" for f in dataclasses.fields(cls)}
+    for base in reversed(cls.__mro__[1:]):  # inherited fields keep their base's docstring
+        if dataclasses.is_dataclass(base):
+            docs.update({k: v for k, v in field_docs(base).items() if k in docs})
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):  # source unavailable (e.g. frozen app): help text is optional

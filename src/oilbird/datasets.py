@@ -84,7 +84,8 @@ def default_data_dir() -> Path:
 
 
 def load_dataset(
-    name: str, *, limit: int | None = None, data_dir: Path | None = None, per_category: int | None = None
+    name: str, *, limit: int | None = None, data_dir: Path | None = None, per_category: int | None = None,
+    skip: int = 0,
 ) -> list[Request]:
     """Load a dataset as a list of requests, in file order.
 
@@ -94,6 +95,8 @@ def load_dataset(
         limit: keep only the first `limit` requests (after category selection).
         data_dir: the shared datasets folder; `default_data_dir()` when None.
         per_category: keep only the first `per_category` requests of each category.
+        skip: first drop the first `skip` requests of each category (a development split:
+            tune on `per_category=N`, evaluate with `skip=N`).
 
     Returns:
         The requests, in file order.
@@ -104,6 +107,8 @@ def load_dataset(
     """
     _check_positive("limit", limit)
     _check_positive("per_category", per_category)
+    if not isinstance(skip, int) or skip < 0:
+        raise DatasetError(f"skip must be a non-negative integer, got {skip!r}")
     name = str(name)
     if name.endswith(".jsonl"):
         requests = _load_jsonl(Path(name).expanduser())
@@ -125,6 +130,14 @@ def load_dataset(
             f"unknown dataset {name!r}; known datasets: {', '.join(DATASET_NAMES)}, "
             "spec-bench:<category>[,<category>...], or a path to a .jsonl file of your own traffic."
         )
+    if skip:
+        seen: dict[str | None, int] = {}
+        kept = []
+        for request in requests:
+            seen[request.category] = seen.get(request.category, 0) + 1
+            if seen[request.category] > skip:
+                kept.append(request)
+        requests = kept
     if per_category is not None:
         counts: dict[str | None, int] = {}
         kept = []

@@ -55,6 +55,8 @@ class RequestResult:
     """Accepted draft tokens per source tag (a token with several tags counts for each)."""
     sole_sources: dict[str, int] = field(default_factory=dict)
     """Accepted draft tokens whose only tag is the source."""
+    drafter_stats: dict = field(default_factory=dict)
+    """The drafter's own measurements of this request (`Drafter.request_stats`)."""
     excess_tokens: int = 0
     """Committed tokens dropped because they overshot max_new_tokens."""
     prefill_s: float = 0.0
@@ -116,7 +118,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
     try:
         t = time.perf_counter()
         if drafter.needs_prefill:
-            state, observation = verifier.prefill_observed(prompt_ids)
+            state, observation = verifier.prefill_observed(prompt_ids, topk=drafter.prefill_topk)
             drafter.observe_prefill(observation)
         else:
             state = verifier.prefill(prompt_ids)
@@ -152,6 +154,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             if ver.finished and committed and committed[-1] in verifier.stop_ids:
                 result.finish_reason = "stop"
                 break
+        result.drafter_stats = drafter.request_stats()
     finally:
         drafter.stop_request(request_id)
     result.wall_s = time.perf_counter() - start

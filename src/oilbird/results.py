@@ -163,3 +163,64 @@ def plot_comparison(runs: list[Run], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# Pairs that isolate the semantic source: (without it, with it) at the same budget and pool.
+SEMANTIC_PAIRS = [("oilbird[sem_entry_budget=0]", "oilbird", "controlled pair (entry budget 0 vs default)"),
+                  ("goose", "oilbird", "GOOSE vs Oilbird"),
+                  ("goose@auto", "oilbird@auto", "GOOSE vs Oilbird, hardware-aware budget"),
+                  ("pld", "oilbird-pld", "transplant into prompt lookup"),
+                  ("tr", "oilbird-tr", "transplant into Token Recycling")]
+
+
+def _gain(base: dict, new: dict) -> str:
+    return f"{100 * (new['tau'] / base['tau'] - 1):+.1f}%" if base["tau"] else "–"
+
+
+def semantic_report(runs: list[Run]) -> str:
+    """Markdown: what the semantic source is worth, from runs that hold the pairs and ablations.
+
+    Three tables: the τ gain of each pair in `SEMANTIC_PAIRS` per run (with both speedups); the
+    ablations (rows 'oilbird[...]' against 'oilbird'); per method with the source, its sole-source
+    share, retrieval / merge / harvest milliseconds per drafting cycle and the store's bytes per
+    record.
+    """
+    lines = ["| model | dataset (requests) | pair | τ without → with | gain | speedup without → with |",
+             "| --- | --- | --- | ---: | ---: | ---: |"]
+    for run in runs:
+        for base, new, what in SEMANTIC_PAIRS:
+            b, n = run.rows.get(base), run.rows.get(new)
+            if b and n:
+                speed = (f"{b['speedup']:.2f}x → {n['speedup']:.2f}x"
+                         if b["speedup"] is not None and n["speedup"] is not None else "–")
+                lines.append(f"| {run.model} | {run.dataset} ({run.requests}) | {what}: {base} → {new} | "
+                             f"{b['tau']:.2f} → {n['tau']:.2f} | {_gain(b, n)} | {speed} |")
+    ablations = ["", "| model | dataset | ablation | τ | vs oilbird | speedup | lossless |",
+                 "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for run in runs:
+        full = run.rows.get("oilbird")
+        for method, row in run.rows.items():
+            if full and method.startswith("oilbird[") and method != "oilbird[sem_entry_budget=0]":
+                speed = "–" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+                ablations.append(f"| {run.model} | {run.dataset} | {method} | {row['tau']:.2f} | "
+                                 f"{_gain(full, row)} | {speed} | {row['lossless']}/{row['audited']} |")
+    costs = ["", "| model | dataset | method | semantic sole share | fired | paid nodes accepted | "
+             "retrieval ms/cycle | merge ms/cycle | harvest ms/cycle | share of cycle | store records | bytes/record |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for run in runs:
+        for method, row in run.rows.items():
+            s = row.get("semantic")
+            if not s or not s["cycles"]:
+                continue
+            sole = row.get("sole_source_share", {}).get("sem", 0.0)
+            costs.append(
+                f"| {run.model} | {run.dataset} | {method} | {100 * sole:.1f}% | {100 * s['fired_share']:.0f}% | "
+                f"{100 * s['paid_accepted'] / max(1, s['paid_nodes']):.1f}% | {s['retrieve_ms_per_cycle']:.2f} | "
+                f"{s['merge_ms_per_cycle']:.2f} | {s['harvest_ms_per_cycle']:.2f} | {100 * s['share_of_cycle']:.1f}% | "
+                f"{s['store_records']} | {s['bytes_per_record']} |")
+    out = "\n".join(lines)
+    if len(ablations) > 3:
+        out += "\n" + "\n".join(ablations)
+    if len(costs) > 3:
+        out += "\n" + "\n".join(costs)
+    return out

@@ -68,6 +68,8 @@ class PrefillObservation:
     """[P, k] the logits of those ids."""
     hidden: torch.Tensor | None
     """[P, hidden] hidden state at the configured layer, or None."""
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    """Every layer's state, [P, hidden] each (index 0: input embeddings; -1: after the final norm), or None."""
 
 
 @dataclass
@@ -86,6 +88,8 @@ class Verification:
     """[N, k] the logits of those ids (softmax over them gives within-top-k scores)."""
     hidden: torch.Tensor | None
     """[N, hidden] hidden state at the configured layer for every node, or None."""
+    hidden_states: tuple[torch.Tensor, ...] | None
+    """Every layer's state, [N, hidden] each (index 0: input embeddings; -1: after the final norm), or None."""
     path: list[int]
     """Accepted node indices in root-to-leaf order, root excluded (cut at a stop token)."""
     committed: list[int]
@@ -133,12 +137,13 @@ class TreeVerifier:
         return KVState(cache=cache, length=len(prompt_ids) - 1, anchor=int(prompt_ids[-1]))
 
     @torch.inference_mode()
-    def prefill_observed(self, prompt_ids: list[int],
-                         chunk: int = 256) -> tuple[KVState, PrefillObservation]:
-        """`prefill`, also returning the top-k and hidden state at every prefilled position.
+    def prefill_observed(self, prompt_ids: list[int], chunk: int = 256,
+                         topk: bool = True) -> tuple[KVState, PrefillObservation]:
+        """`prefill`, also returning the top-k and hidden states at every prefilled position.
 
         The LM head is applied in chunks of `chunk` positions, so memory stays at
-        [chunk, V] logits instead of [P, V]. Costs roughly one extra LM-head pass over the prompt.
+        [chunk, V] logits instead of [P, V]. Costs roughly one extra LM-head pass over the prompt;
+        `topk=False` skips it (the top-k tensors are then empty [P, 0]).
         """
         if not prompt_ids:
             raise ValueError("cannot prefill an empty prompt")
@@ -154,16 +159,19 @@ class TreeVerifier:
                          output_hidden_states=True)
         final = out.hidden_states[-1][0]  # [P, hidden], after the final norm
         head = self.model.get_output_embeddings()
-        ids_parts, logit_parts = [], []
-        for start in range(0, final.shape[0], chunk):
-            top = head(final[start:start + chunk]).topk(k, dim=-1)  # [chunk, k]
-            ids_parts.append(top.indices)
-            logit_parts.append(top.values)
+        n = final.shape[0]
+        if topk:
+            parts = [head(final[s:s + chunk]).topk(k, dim=-1) for s in range(0, n, chunk)]  # [chunk, k]
+            topk_ids = torch.cat([part.indices for part in parts])  # [P, k]
+            topk_logits = torch.cat([part.values for part in parts])
+        else:
+            topk_ids = torch.zeros((n, 0), dtype=torch.long, device=final.device)  # [P, 0]
+            topk_logits = torch.zeros((n, 0), device=final.device)
         hidden = (out.hidden_states[self.config.hidden_layer][0]  # [P, hidden]
                   if self.config.collect_hidden else None)
+        states = tuple(h[0] for h in out.hidden_states) if self.config.collect_hidden else None
         state = KVState(cache=cache, length=len(prefix), anchor=int(prompt_ids[-1]))
-        return state, PrefillObservation(list(prefix), torch.cat(ids_parts), torch.cat(logit_parts),
-                                         hidden)
+        return state, PrefillObservation(list(prefix), topk_ids, topk_logits, hidden, states)
 
     @torch.inference_mode()
     def verify(self, state: KVState, tree: DraftTree) -> Verification:
@@ -198,6 +206,7 @@ class TreeVerifier:
         topk_ids, topk_logits = topk.indices, topk.values  # [N, k] each
         hidden = (out.hidden_states[self.config.hidden_layer][0]  # [N, hidden]
                   if self.config.collect_hidden else None)
+        states = tuple(h[0] for h in out.hidden_states) if self.config.collect_hidden else None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
@@ -219,7 +228,8 @@ class TreeVerifier:
         state.anchor = committed[-1]
         t3 = time.perf_counter()
         return Verification(tree=tree, prefix_len=prefix, argmax=argmax, topk_ids=topk_ids,
-                            topk_logits=topk_logits, hidden=hidden, path=path, committed=committed, finished=finished,
+                            topk_logits=topk_logits, hidden=hidden, hidden_states=states, path=path,
+                            committed=committed, finished=finished,
                             forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
 
 

@@ -38,6 +38,8 @@ class Drafter:
     Config: ClassVar[type] = type("NoConfig", (), {})
     needs_prefill: ClassVar[bool] = False
     """True when the drafter harvests the prefill (top-k and hidden state at every prompt position)."""
+    prefill_topk: ClassVar[bool] = True
+    """With `needs_prefill`: whether the prefill's top-k is wanted (it costs an LM-head pass over the prompt)."""
 
     def __init__(self, config=None) -> None:
         self.config = config if config is not None else self.Config()
@@ -70,6 +72,10 @@ class Drafter:
     def stop_request(self, request_id: str) -> None:
         """The request ended; release per-request state."""
         self.request_id = None
+
+    def request_stats(self) -> dict:
+        """Drafter-specific measurements of the request being served (e.g. retrieval seconds)."""
+        return {}
 
     def memory_bytes(self) -> int:
         """Approximate bytes held across requests (pools, tables); 0 for stateless drafters."""
