@@ -88,14 +88,14 @@ class Verification:
     """[N, k] the logits of those ids (softmax over them gives within-top-k scores)."""
     hidden: torch.Tensor | None
     """[N, hidden] hidden state at the configured layer for every node, or None."""
-    hidden_states: tuple[torch.Tensor, ...] | None
-    """Every layer's state, [N, hidden] each (index 0: input embeddings; -1: after the final norm), or None."""
     path: list[int]
     """Accepted node indices in root-to-leaf order, root excluded (cut at a stop token)."""
     committed: list[int]
     """Tokens committed by this forward: the accepted drafts plus the bonus (unless cut)."""
     finished: bool
     """True when a stop token was committed."""
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    """Every layer's state, [N, hidden] each (index 0: input embeddings; -1: after the final norm), or None."""
     forward_s: float = 0.0
     """Seconds spent in the model forward (including argmax/top-k)."""
     bookkeeping_s: float = 0.0
