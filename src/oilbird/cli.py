@@ -108,6 +108,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from oilbird.diagnose import ReplayConfig, plot_diagnosis, run_diagnosis
+    from oilbird.diagnosis import DiagnosisConfig
+    from oilbird.models import load_model
+
+    replay_config = config_from_args(ReplayConfig, args, prefix="")
+    config = config_from_args(DiagnosisConfig, args, prefix="diagnosis")
+    _set_threads(args)
+    loaded = load_model(args.model, log=_log)
+    summary = run_diagnosis(loaded, replay_config, config, out_dir=Path(args.out),
+                            progress=not args.no_progress)
+    print(summary["table"])
+    if args.plot:
+        plot_diagnosis(summary, Path(args.plot))
+        print(f"\nplot: {args.plot}")
+    print(f"\npositions: {Path(args.out) / 'positions.jsonl'}  summary: {Path(args.out) / 'summary.json'}")
+    return 0
+
+
 def cmd_cost(args: argparse.Namespace) -> int:
     from oilbird.budget import BudgetConfig, load_or_measure
     from oilbird.models import default_cache_dir, load_model
@@ -183,6 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(bench, BudgetConfig, prefix="budget", exclude=("mode",))  # for --budget auto
     _add_drafter_args(bench)
     bench.set_defaults(func=cmd_bench)
+
+    diag = sub.add_parser("diagnose", help="the identifiability-gap diagnosis of a dataset (no drafter)")
+    diag.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+    diag.add_argument("--out", default="diagnose-out", help="directory for positions.jsonl and summary.json")
+    diag.add_argument("--plot", default=None, help="also draw the per-category breakdown to this PNG file")
+    diag.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _add_threads_arg(diag)
+    from oilbird.diagnose import ReplayConfig
+    from oilbird.diagnosis import DiagnosisConfig
+    add_config_args(diag, ReplayConfig)
+    add_config_args(diag, DiagnosisConfig, prefix="diagnosis")
+    diag.set_defaults(func=cmd_diagnose)
 
     gen = sub.add_parser("generate", help="generate for one prompt and print the text and its stats")
     gen.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")

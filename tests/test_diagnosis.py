@@ -1,0 +1,123 @@
+"""The diagnosis's pure parts on hand-built token streams with known answers (oilbird.diagnosis)."""
+
+import torch
+
+from oilbird.diagnosis import (DiagnosisConfig, lexical_positions, neighbour_hits, occurs, oracle_candidates,
+                               verbatim_run)
+from oilbird.suffix_automaton import SuffixAutomaton
+
+
+def pool(*documents):
+    sam = SuffixAutomaton()
+    for doc in documents:
+        sam.extend_many(doc)
+        sam.end_document()
+    return sam
+
+
+def test_presence_and_runs_stay_within_one_document():
+    sam = pool([1, 2, 3, 4], [5, 6])
+    assert occurs(sam, [2, 3]) and occurs(sam, [5, 6]) and not occurs(sam, [4, 5])
+    assert verbatim_run(sam, [2, 3, 4, 5, 6]) == 3
+    assert verbatim_run(sam, [9, 2]) == 0
+
+
+def test_oracle_uses_the_longest_suffix_then_backs_off():
+    # "7 8 1 2" is followed by 3; "1 2" elsewhere by 4 and 5: the longest suffix comes first.
+    sam = pool([7, 8, 1, 2, 3], [1, 2, 4], [1, 2, 5])
+    candidates, length = oracle_candidates(sam, [0, 7, 8, 1, 2])
+    assert length == 4 and candidates[0] == 3 and set(candidates) == {3, 4, 5}
+    few = DiagnosisConfig(candidates=1)
+    assert oracle_candidates(sam, [0, 7, 8, 1, 2], few)[0] == [3]
+    # A 1-token match is below the 2-token key: no candidates at all.
+    assert oracle_candidates(sam, [9, 9, 2]) == ([], 1)
+
+
+def test_oracle_only_looks_at_the_last_16_tokens():
+    sam = pool(list(range(100, 120)) + [7])
+    context = list(range(100, 120))  # 20 tokens that all occur; only the last 16 are the key
+    candidates, length = oracle_candidates(sam, context)
+    assert length == 16 and candidates == [7]
+
+
+def test_gap_positions_are_present_but_missed_by_the_oracle():
+    # The pool saw "call f ( X ) ;" for X = 11; the request mints X = 12. After the minted value
+    # the context suffix "( 12" never occurred, yet ") ;" did: a gap position.
+    sam = pool([50, 60, 11, 70, 80, 90])
+    positions = lexical_positions(sam, prompt=[1, 50, 60], output=[12, 70, 80, 90])
+    at_value, after_value = positions[0], positions[1]
+    assert not at_value.present and not at_value.oracle_hit  # 12, 70 never occurred together
+    assert after_value.present and not after_value.oracle_hit and after_value.gap
+    assert after_value.run == 3 and after_value.match_length == 0
+    # One token after the value the key is still 1 token ("70"): still a gap. Then "70 80" is a
+    # 2-token key again and the oracle hits.
+    assert positions[2].gap and positions[2].match_length == 1
+    assert positions[3].oracle_hit and positions[3].match_length == 2
+    assert positions[3].present is False  # one token left: cannot be a 2-token presence
+
+
+def test_control_presence_needs_four_tokens():
+    sam = pool([1, 2, 3, 4, 5])
+    positions = lexical_positions(sam, prompt=[0], output=[1, 2, 3, 9, 9])
+    assert positions[0].present and not positions[0].present_control
+
+
+def test_neighbour_hits_read_the_tokens_of_the_nearest_keys():
+    keys = torch.eye(4)  # record r keyed by basis vector r
+    tokens = torch.tensor([10, 11, 12, 13])
+    queries = torch.tensor([[1.0, 0.1, 0, 0], [0, 0, 0, 1.0]])
+    assert neighbour_hits(queries, keys, tokens, [10, 10], k=1) == [True, False]
+    assert neighbour_hits(queries, keys, tokens, [11, 10], k=2) == [True, False]
+    assert neighbour_hits(queries, torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), [1, 2]) == [False, False]
+
+
+def test_rates_count_gaps_reach_and_overlap():
+    from oilbird.diagnose import format_diagnosis, rates
+    from oilbird.diagnosis import Position
+
+    positions = [
+        Position(present=True, present_control=True, oracle_hit=False, match_length=1, run=6,
+                 semantic_hit=True, static_hit=False),   # a gap the semantic key reaches
+        Position(present=True, present_control=False, oracle_hit=False, match_length=0, run=2,
+                 semantic_hit=False, static_hit=True),   # a gap only under the 2-token test
+        Position(present=True, present_control=True, oracle_hit=True, match_length=16, run=9,
+                 semantic_hit=True, static_hit=True),    # both keys
+        Position(present=False, present_control=False, oracle_hit=False, match_length=0, run=0,
+                 semantic_hit=False, static_hit=False),  # not in the pool at all
+    ]
+    r = rates(positions)
+    assert r["presence"] == 0.75 and r["oracle_miss"] == 0.75 and r["gap"] == 0.5 and r["gap_control"] == 0.25
+    assert r["run_behind_gap"] == 4.0 and r["semantic_reach"] == 0.5 and r["static_reach"] == 0.5
+    assert r["semantic_reach_control"] == 1.0
+    assert r["both"] == 1 / 3 and r["semantic_only"] == 1 / 3 and r["exact_only"] == 0.0
+    table = format_diagnosis(dict(categories={"x": r}, overall=r))
+    assert "| x | 4 | 75.0% | 50.0% | 75.0% | 50.0% | 25.0% | 4.0 | 0.0 | 50.0% | 100.0% | 50.0% |" in table
+
+
+def test_diagnose_command_on_the_real_model_caches_its_replay(smol, tmp_path, monkeypatch):
+    import oilbird.diagnose as diagnose
+
+    monkeypatch.setattr(diagnose, "default_cache_dir", lambda: tmp_path / "cache")
+    config = diagnose.ReplayConfig(dataset="api-bank/level-1-api", limit=3, max_new_tokens=8)
+    first = diagnose.run_diagnosis(smol, config, out_dir=tmp_path / "out", progress=False)
+    assert first["requests"] == 3 and first["overall"]["positions"] > 0
+    assert len((tmp_path / "out" / "positions.jsonl").read_text().splitlines()) == 3
+    calls = []
+    monkeypatch.setattr(diagnose, "greedy_reference", lambda *a, **k: calls.append(a))
+    second = diagnose.run_diagnosis(smol, config, progress=False)
+    assert not calls and second["overall"] == first["overall"]  # nothing decoded the second time
+    diagnose.plot_diagnosis(second, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_neighbour_runs_measure_how_much_of_the_continuation_a_neighbour_offers():
+    from oilbird.diagnosis import neighbour_runs
+
+    keys = torch.eye(3)
+    tokens = torch.tensor([10, 11, 12])  # one request: 10 11 12
+    ends = torch.tensor([3, 3, 3])
+    q = torch.tensor([[1.0, 0, 0]])
+    assert neighbour_runs(q, keys, tokens, ends, [[10, 11, 99]], k=1) == [2]
+    assert neighbour_runs(q, keys, tokens, ends, [[10, 11, 12, 13]], k=1) == [3]  # stops at the request end
+    assert neighbour_runs(q, keys, tokens, ends, [[11, 12]], k=1) == [0]
+    assert neighbour_runs(q, keys, tokens, ends, [[11, 12]], k=2) == [2]
