@@ -27,6 +27,7 @@ import os
 import platform
 import sys
 import time
+from argparse import ArgumentTypeError
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from tqdm import tqdm
 
 from oilbird.audit import compare, greedy_reference, hf_prompt_lookup
 from oilbird.budget import AdaptiveBudget, BudgetConfig, load_or_measure
+from oilbird.config import field_types, parse_bool
 from oilbird.datasets import load_dataset
 from oilbird.decode import DecodeConfig, check_prompt, decode
 from oilbird.drafters import DRAFTERS, make_drafter
@@ -183,28 +185,20 @@ def configure(method: str, base, overrides: dict[str, str]):
     config = base if base is not None else cls()
     if not overrides:
         return config
-    types = {f.name: f.type for f in fields(cls)}
+    types = field_types(cls)
     values = {}
     for key, text in overrides.items():
         if key not in types:
             raise ConfigError(f"{method} has no config field {key!r}; fields: {', '.join(types)}")
-        kind = {"int": int, "float": float, "bool": _bool, "str": str}.get(str(types[key]), str)
+        kind = parse_bool if types[key] is bool else types[key]
         try:
             values[key] = kind(text)
-        except ValueError:
-            raise ConfigError(f"{method}[{key}={text}]: expected {types[key]}") from None
+        except (ValueError, ArgumentTypeError):
+            raise ConfigError(f"{method}[{key}={text}]: expected {types[key].__name__}") from None
     try:
         return replace(config, **values)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{method}{overrides}: {err}") from None
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
 
 
 def build_drafter(spec: str, drafter_configs: dict):

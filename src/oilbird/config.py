@@ -50,7 +50,8 @@ def _option(prefix: str, name: str) -> str:
     return "--" + (f"{prefix}-" if prefix else "") + name.replace("_", "-")
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+    """'true'/'false' (and 1/0, yes/no, on/off) as a bool; raises ArgumentTypeError otherwise."""
     low = text.lower()
     if low in ("1", "true", "yes", "on"):
         return True
@@ -68,7 +69,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = ""
     """
     group = parser.add_argument_group(f"{cls.__name__} ({prefix or 'general'})")
     docs = field_docs(cls)
-    hints = _field_types(cls)
+    hints = field_types(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         if kind not in (int, float, str, bool) or f.name in exclude:
@@ -76,7 +77,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = ""
         default = f.default if f.default is not dataclasses.MISSING else None
         group.add_argument(
             _option(prefix, f.name), dest=f"{prefix}__{f.name}", default=None,
-            type=_parse_bool if kind is bool else kind, metavar=kind.__name__.upper(),
+            type=parse_bool if kind is bool else kind, metavar=kind.__name__.upper(),
             help=f"{docs[f.name]} (default: {default})",
         )
 
@@ -96,7 +97,7 @@ def config_from_args(cls: type, args: argparse.Namespace, prefix: str = "", **ov
 
 
 @functools.cache
-def _field_types(cls: type) -> dict[str, type]:
+def field_types(cls: type) -> dict[str, type]:
     # `from __future__ import annotations` makes annotations strings; resolve the simple ones.
     names = {"int": int, "float": float, "str": str, "bool": bool}
     return {f.name: names.get(f.type, object) if isinstance(f.type, str) else f.type
