@@ -89,3 +89,40 @@ def test_console_script_exits_nonzero_without_traceback():
     proc = subprocess.run([sys.executable, "-m", "oilbird.cli", "bench", "--limit", "-3"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--limit" in proc.stderr
+
+
+def test_diagnose_refuses_a_bad_dataset_before_loading_a_model(capsys, monkeypatch):
+    import oilbird.models
+
+    monkeypatch.setattr(oilbird.models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    code, _, err = run_cli(capsys, "diagnose", "--dataset", "no-such-set")
+    assert code == 2 and "no-such-set" in err and "humaneval" in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, "diagnose", "--limit", "0")
+    assert code == 2 and "--limit must be a positive integer" in err
+    code, _, err = run_cli(capsys, "diagnose", "--max-new-tokens", "0")
+    assert code == 2 and "--max-new-tokens must be a positive integer" in err
+
+
+def test_diagnose_prints_the_table_and_writes_its_files(capsys, tmp_path, smol, monkeypatch):
+    import oilbird.diagnose
+
+    monkeypatch.setattr(oilbird.diagnose, "default_cache_dir", lambda: tmp_path / "cache")
+    code, out, _ = run_cli(capsys, "diagnose", "--dataset", "api-bank/level-2-api", "--limit", "2",
+                           "--max-new-tokens", "6", "--diagnosis-within-request", "true", "--no-progress",
+                           "--out", str(tmp_path / "out"), "--plot", str(tmp_path / "d.png"))
+    assert code == 0 and "| level-2-api | 12 |" in out and "earlier in the same request" in out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["config"]["within_request"] is True and summary["requests"] == 2
+    assert (tmp_path / "d.png").exists()
+
+
+def test_diagnose_refuses_a_comparison_run_over_other_requests(capsys, tmp_path, monkeypatch):
+    import oilbird.models
+
+    monkeypatch.setattr(oilbird.models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text(json.dumps(dict(method="oilbird", request_id="level-1-api/0")) + "\n")
+    code, _, err = run_cli(capsys, "diagnose", "--dataset", "api-bank/level-1-api", "--limit", "2",
+                           "--compare-run", str(run))
+    assert code == 2 and "not the same" in err and "--per-category" in err

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from oilbird.audit import compare, greedy_reference, hf_prompt_lookup
 from oilbird.budget import AdaptiveBudget, BudgetConfig, load_or_measure
 from oilbird.config import field_types, parse_bool
-from oilbird.datasets import load_dataset
+from oilbird.datasets import Workload
 from oilbird.decode import DecodeConfig, check_prompt, decode
 from oilbird.drafters import DRAFTERS, make_drafter
 from oilbird.errors import ConfigError, DatasetError
@@ -51,19 +51,9 @@ REFERENCE = "hf-greedy"  # the audit's reference run, reported as a row for cont
 
 
 @dataclass
-class BenchConfig:
+class BenchConfig(Workload):
     """One benchmark run."""
 
-    dataset: str = "api-bank/level-1-api"
-    """Dataset name (api-bank/<file>, spec-bench[:categories], humaneval) or a .jsonl path."""
-    limit: int = 50
-    """Serve the first N requests (after category selection)."""
-    per_category: int = 0
-    """If > 0, serve at most N requests of each category (Spec-Bench); 0 keeps all."""
-    skip: int = 0
-    """Skip the first N requests of each category first (evaluate on what a development run with --per-category N did not see)."""
-    max_new_tokens: int = 64
-    """Most tokens generated per request."""
     methods: str = "ar,pld"
     """Comma-separated methods to run; 'ar' is always added as the speed baseline. 'hf-pld' runs transformers' own prompt lookup."""
     budget: str = "64"
@@ -72,16 +62,9 @@ class BenchConfig:
     """Requests run (untimed, with throw-away drafters) before measuring."""
     audit: bool = True
     """Check every output token for token against transformers generate(do_sample=False)."""
-    data_dir: str = ""
-    """Folder holding the shared datasets; empty: find ../shared/datasets."""
 
     def __post_init__(self) -> None:
-        if self.limit < 1:
-            raise ValueError(f"--limit must be a positive integer, got {self.limit}")
-        if self.skip < 0:
-            raise ValueError(f"--skip must be >= 0, got {self.skip}")
-        if self.per_category < 0:
-            raise ValueError(f"--per-category must be >= 0, got {self.per_category}")
+        super().__post_init__()
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
         for budget in self.budgets():
@@ -244,9 +227,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
     drafter_configs = drafter_configs or {}
     variants = config.variants()  # (label, method, budget)
     methods = [label for label, _, _ in variants]
-    requests = load_dataset(config.dataset, limit=config.limit,
-                            per_category=config.per_category or None, skip=config.skip,
-                            data_dir=Path(config.data_dir) if config.data_dir else None)
+    requests = config.requests()
     prompts = [encode_request(loaded, r) for r in requests]
     for request, ids in zip(requests, prompts):  # refuse bad prompts before spending any time
         try:

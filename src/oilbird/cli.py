@@ -115,11 +115,22 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
     replay_config = config_from_args(ReplayConfig, args, prefix="")
     config = config_from_args(DiagnosisConfig, args, prefix="diagnosis")
+    requests = replay_config.requests()  # a bad dataset (or comparison run) fails before the model loads
+    if args.compare_run:
+        from oilbird.diagnose import bench_records
+
+        bench_records(Path(args.compare_run), args.compare_method, [r.id for r in requests])
     _set_threads(args)
     loaded = load_model(args.model, log=_log)
     summary = run_diagnosis(loaded, replay_config, config, out_dir=Path(args.out),
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, requests=requests)
     print(summary["table"])
+    if args.compare_run:
+        from oilbird.diagnose import format_gap_vs_share, gap_vs_share
+
+        summary["gap_vs_share"] = gap_vs_share(summary, Path(args.compare_run), args.compare_method)
+        print("\n" + format_gap_vs_share(summary["gap_vs_share"]))
+        (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     if args.plot:
         plot_diagnosis(summary, Path(args.plot))
         print(f"\nplot: {args.plot}")
@@ -208,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--out", default="diagnose-out", help="directory for positions.jsonl and summary.json")
     diag.add_argument("--plot", default=None, help="also draw the per-category breakdown to this PNG file")
     diag.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    diag.add_argument("--compare-run", default=None,
+                      help="an `oilbird bench --out` directory over the same requests: print each category's gap "
+                           "beside the semantic source's measured sole-source share there")
+    diag.add_argument("--compare-method", default="oilbird", help="the bench row with the semantic source")
     _add_threads_arg(diag)
     from oilbird.diagnose import ReplayConfig
     from oilbird.diagnosis import DiagnosisConfig

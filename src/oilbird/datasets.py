@@ -29,6 +29,7 @@ from oilbird.errors import DatasetError
 __all__ = [
     "DATASET_NAMES",
     "Request",
+    "Workload",
     "default_data_dir",
     "load_dataset",
     "load_humaneval_problems",
@@ -313,3 +314,44 @@ def _parse_traffic_line(line: str, default_id: str, where: str) -> Request:
             raise DatasetError(f'{where}: "prompt" must be a non-empty string')
         return Request(id=request_id, prompt=prompt, tools=tools)
     raise DatasetError(f'{where}: a request needs "messages" (chat format) or "prompt" (raw text)')
+
+
+@dataclass
+class Workload:
+    """Which requests to serve, in which order, and how long each answer may be.
+
+    The fields `oilbird bench` and `oilbird diagnose` share (both configs derive from this), so
+    the two select the very same requests from the same options.
+    """
+
+    dataset: str = "api-bank/level-1-api"
+    """Dataset name (api-bank[/<file>], spec-bench[:categories], humaneval) or a .jsonl path."""
+    limit: int = 50
+    """Serve the first N requests (after category selection)."""
+    per_category: int = 0
+    """If > 0, serve at most N requests of each category (API-Bank file, Spec-Bench category); 0 keeps all."""
+    skip: int = 0
+    """Skip the first N requests of each category first (evaluate on what a development run with --per-category N did not see)."""
+    max_new_tokens: int = 64
+    """Most tokens generated per request."""
+    data_dir: str = ""
+    """Folder holding the shared datasets; empty: find ../shared/datasets."""
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise ValueError(f"--limit must be a positive integer, got {self.limit}")
+        if self.skip < 0:
+            raise ValueError(f"--skip must be >= 0, got {self.skip}")
+        if self.per_category < 0:
+            raise ValueError(f"--per-category must be >= 0, got {self.per_category}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be a positive integer, got {self.max_new_tokens}")
+
+    def requests(self) -> list[Request]:
+        """The selected requests, in file order.
+
+        Raises:
+            DatasetError: for an unknown dataset, a missing file or a malformed record.
+        """
+        return load_dataset(self.dataset, limit=self.limit, per_category=self.per_category or None,
+                            skip=self.skip, data_dir=Path(self.data_dir) if self.data_dir else None)

@@ -4,7 +4,7 @@ Replays a dataset request by request: each request's greedy output (transformers
 do_sample=False) and the hidden states at every position of prompt + output (last layer, and the
 input embeddings for the static control) come from the model once and are cached on disk, so a
 second run decodes nothing. At every generated position the pool is all earlier requests (their
-prompts and outputs); the pure tests of `oilbird.diagnosis` classify the position. Output: one
+prompts and outputs), plus, with `within_request`, what the request itself has committed; the pure tests of `oilbird.diagnosis` classify the position. Output: one
 JSON record per request (`positions.jsonl`), `summary.json` with the pooled rates per category
 and overall, a Markdown table, and optionally a PNG of the per-category breakdown.
 """
@@ -20,29 +20,22 @@ import torch
 from tqdm import tqdm
 
 from oilbird.audit import greedy_reference
-from oilbird.bench import encode_request
-from oilbird.datasets import load_dataset
+from oilbird.bench import encode_request, read_records, summarize
+from oilbird.datasets import Request, Workload
 from oilbird.diagnosis import DiagnosisConfig, Position, lexical_positions, neighbour_hits, neighbour_runs
+from oilbird.errors import DatasetError
 from oilbird.models import LoadedModel, default_cache_dir
 from oilbird.suffix_automaton import SuffixAutomaton
 
 
 @dataclass
-class ReplayConfig:
-    """Which requests to replay."""
+class ReplayConfig(Workload):
+    """Which requests to replay (the same options, and so the same requests, as `oilbird bench`)."""
 
     dataset: str = "api-bank"
-    """Dataset name (as for `oilbird bench`) or a .jsonl path."""
+    """Dataset name (api-bank[/<file>], spec-bench[:categories], humaneval) or a .jsonl path."""
     limit: int = 100000
     """Replay the first N requests (after category selection)."""
-    per_category: int = 0
-    """If > 0, at most N requests of each category (file)."""
-    skip: int = 0
-    """Skip the first N requests of each category."""
-    max_new_tokens: int = 64
-    """Greedy tokens generated per request."""
-    data_dir: str = ""
-    """Folder holding the shared datasets; empty: find ../shared/datasets."""
 
 
 def _cache_path(loaded: LoadedModel, ids: list[int], max_new: int) -> Path:
@@ -69,16 +62,25 @@ def replay(loaded: LoadedModel, ids: list[int], max_new: int) -> dict:
 
 def run_diagnosis(loaded: LoadedModel, replay_config: ReplayConfig,
                   config: DiagnosisConfig | None = None, out_dir: Path | None = None,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, requests: list[Request] | None = None) -> dict:
     """Diagnose a dataset: per-position presence, oracle, gap, run and semantic reach.
+
+    Args:
+        loaded: the model whose greedy outputs and hidden states are diagnosed.
+        replay_config: which requests (loaded here unless `requests` is given).
+        config: the diagnosis's parameters (the paper's values by default).
+        out_dir: where to write positions.jsonl and summary.json (None: nothing written).
+        progress: show a progress bar.
+        requests: the already loaded `replay_config.requests()`.
 
     Returns:
         The summary: pooled rates overall and per category, with the table as Markdown.
+
+    Raises:
+        DatasetError: for an unknown dataset or a malformed record.
     """
     config = config or DiagnosisConfig()
-    requests = load_dataset(replay_config.dataset, limit=replay_config.limit,
-                            per_category=replay_config.per_category or None, skip=replay_config.skip,
-                            data_dir=Path(replay_config.data_dir) if replay_config.data_dir else None)
+    requests = replay_config.requests() if requests is None else requests
     sam = SuffixAutomaton()
     keys, statics, tokens, ends = [], [], [], []  # pool records: state predicting token, per request
     records = []
@@ -89,13 +91,26 @@ def run_diagnosis(loaded: LoadedModel, replay_config: ReplayConfig,
         positions = lexical_positions(sam, ids, output, config)
         if output:
             rows = slice(len(ids) - 1, len(ids) - 1 + len(output))  # states predicting each output token
-            pool_keys = torch.cat(keys) if keys else torch.zeros(0, data["hidden"].shape[1])
-            pool_static = torch.cat(statics) if statics else torch.zeros(0, data["static"].shape[1])
-            pool_tokens = torch.tensor([t for chunk in tokens for t in chunk], dtype=torch.long)
-            pool_ends = torch.tensor([e for chunk in ends for e in chunk], dtype=torch.long)
+            key_chunks, static_chunks, token_chunks, end_chunks = list(keys), list(statics), list(tokens), list(ends)
+            visible = None
+            if config.within_request:
+                # The request's own records go last; the query predicting token p + 1 sees the
+                # pool and its records 0..p-1 (tokens 1..p), i.e. only what is committed.
+                pooled = sum(len(chunk) for chunk in tokens)
+                full = ids + output
+                key_chunks.append(data["hidden"][:-1])
+                static_chunks.append(data["static"][:-1])
+                token_chunks.append(full[1:])
+                end_chunks.append([pooled + len(full) - 1] * (len(full) - 1))
+                visible = [pooled + p for p in range(rows.start, rows.stop)]
+            pool_keys = torch.cat(key_chunks) if key_chunks else torch.zeros(0, data["hidden"].shape[1])
+            pool_static = torch.cat(static_chunks) if static_chunks else torch.zeros(0, data["static"].shape[1])
+            pool_tokens = torch.tensor([t for chunk in token_chunks for t in chunk], dtype=torch.long)
+            pool_ends = torch.tensor([e for chunk in end_chunks for e in chunk], dtype=torch.long)
             sem = neighbour_runs(data["hidden"][rows], pool_keys, pool_tokens, pool_ends,
-                                 [output[t:] for t in range(len(output))], config.candidates)
-            static = neighbour_hits(data["static"][rows], pool_static, pool_tokens, output, config.candidates)
+                                 [output[t:] for t in range(len(output))], config.candidates, visible)
+            static = neighbour_hits(data["static"][rows], pool_static, pool_tokens, output,
+                                    config.candidates, visible)
             for position, run, st in zip(positions, sem, static):
                 position.semantic_hit, position.static_hit, position.neighbour_run = run > 0, st, run
         records.append(dict(request_id=request.id, category=request.category,
@@ -109,7 +124,8 @@ def run_diagnosis(loaded: LoadedModel, replay_config: ReplayConfig,
         tokens.append(text[1:])
         ends.append([start + len(text) - 1] * (len(text) - 1))
     summary = summarise(records)
-    summary.update(model=loaded.name, config=asdict(config), replay=asdict(replay_config))
+    summary.update(model=loaded.name, config=asdict(config), replay=asdict(replay_config),
+                   request_ids=[r["request_id"] for r in records])
     summary["table"] = format_diagnosis(summary)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +149,8 @@ def rates(positions: list[Position]) -> dict:
     exact = [p for p in present if p.oracle_hit]
     semantic = [p for p in present if p.semantic_hit]
     return dict(
-        positions=n, presence=frac(present, n),
+        positions=n, gap_positions=len(gaps), gap_control_positions=len(gaps4), present_positions=len(present),
+        presence=frac(present, n),
         presence_control=frac([p for p in positions if p.present_control], n),
         oracle_miss=frac([p for p in positions if not p.oracle_hit], n),
         gap=frac(gaps, n), gap_control=frac(gaps4, n),
@@ -167,17 +184,27 @@ def format_diagnosis(summary: dict) -> str:
     lines = [head, "| --- |" + " ---: |" * 14]
     rows = list(summary["categories"].items()) + [("all", summary["overall"])]
     for name, r in rows:
-        pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
-        lines.append(f"| {name} | {r['positions']} | {pct(r['presence'])} | {pct(r['presence_control'])} | "
-                     f"{pct(r['oracle_miss'])} | {pct(r['gap'])} | {pct(r['gap_control'])} | "
-                     f"{r['run_behind_gap']:.1f} | {r['neighbour_run_at_gap']:.1f} | {pct(r['semantic_reach'])} | {pct(r['semantic_reach_control'])} | "
-                     f"{pct(r['static_reach'])} | {pct(r['exact_only'])} | {pct(r['semantic_only'])} | {pct(r['both'])} |")
+        def pct(key: str, over: str | None = None) -> str:
+            # A share of nothing (no gap, no present position) is not 0%: print a dash.
+            return "–" if over and r.get(over, 1) == 0 else f"{100 * r[key]:.1f}%"
+
+        def mean(key: str) -> str:
+            return "–" if r.get("gap_positions", 1) == 0 else f"{r[key]:.1f}"
+
+        lines.append(f"| {name} | {r['positions']} | {pct('presence')} | {pct('presence_control')} | "
+                     f"{pct('oracle_miss')} | {pct('gap')} | {pct('gap_control')} | "
+                     f"{mean('run_behind_gap')} | {mean('neighbour_run_at_gap')} | "
+                     f"{pct('semantic_reach', 'gap_positions')} | {pct('semantic_reach_control', 'gap_control_positions')} | "
+                     f"{pct('static_reach', 'gap_positions')} | {pct('exact_only', 'present_positions')} | "
+                     f"{pct('semantic_only', 'present_positions')} | {pct('both', 'present_positions')} |")
+    pool = ("earlier requests or earlier in the same request" if summary.get("config", {}).get("within_request")
+            else "earlier requests")
     lines.append("")
     lines.append("Rates are shares of generated positions; reach columns are shares of gap positions "
-                 "(gap = the next 2 (4) tokens occur verbatim in earlier requests but the exact-match "
+                 f"(gap = the next 2 (4) tokens occur verbatim in {pool} but the exact-match "
                  "oracle's 8 candidates miss); run behind gap = tokens from there that occur verbatim in a row; "
                  "neighbour matches = how many of them the best of the top-8 hidden-state neighbours offers; exact only / semantic only / both are shares of present "
-                 "positions. Paper, API-Bank: presence 92%, oracle miss 13%, gap 6.8%, semantic reach "
+                 "positions; – where there is nothing to take a share of. Paper, API-Bank: presence 92%, oracle miss 13%, gap 6.8%, semantic reach "
                  "81%, static embedding 23%.")
     return "\n".join(lines)
 
@@ -205,3 +232,96 @@ def plot_diagnosis(summary: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (ties share their mean rank); None below 3 points or for a constant."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    if len(xs) < 3:
+        return None
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx and syy else None
+
+
+def bench_records(run_dir: Path, method: str, request_ids: list[str]) -> list[dict]:
+    """The records of `method` in a bench run, checked to cover exactly `request_ids`.
+
+    Raises:
+        DatasetError: no records, no `method` row, or other requests than `request_ids`.
+    """
+    records = [r for r in read_records(run_dir) if r["method"] == method]
+    if not records:
+        raise DatasetError(f"{run_dir} has no {method!r} records; pass the method that ran there (--compare-method)")
+    served = [r["request_id"] for r in records]
+    if sorted(served) != sorted(request_ids):
+        raise DatasetError(
+            f"{run_dir} served {len(served)} requests and the diagnosis covers {len(request_ids)}, not the same "
+            "ones; diagnose with the bench run's --dataset, --per-category, --skip and --limit")
+    return records
+
+
+def gap_vs_share(summary: dict, run_dir: Path, method: str = "oilbird") -> dict:
+    """Each category's gap beside the semantic source's measured sole-source share.
+
+    The share comes from an `oilbird bench` run over the very same requests (same dataset,
+    --per-category, --skip, --limit and model): of the draft tokens `method` had accepted, the
+    share only the semantic source had proposed, and the same per 100 generated tokens (the unit
+    of the gap).
+
+    Args:
+        summary: a `run_diagnosis` summary.
+        run_dir: the bench run's output directory.
+        method: the bench row with the semantic source.
+
+    Returns:
+        {rows: [{category, gap, gap_control, semantic_reach, semantic_only, tau, sole_share,
+        sole_per_100}], spearman: rank correlation of gap and sole share over the categories}.
+
+    Raises:
+        DatasetError: the run lacks `method`, or served other requests than were diagnosed.
+    """
+    records = bench_records(run_dir, method, summary.get("request_ids", []))
+    rows = []
+    for name, rates_ in list(summary["categories"].items()) + [("all", summary["overall"])]:
+        recs = records if name == "all" else [r for r in records if str(r["category"]) == name]
+        row = summarize(recs, [method])[0]
+        sole = (row.get("sole_source_share") or {}).get("sem", 0.0)
+        generated = sum(r["new_tokens"] for r in recs)
+        rows.append(dict(category=name, gap=rates_["gap"], gap_control=rates_["gap_control"],
+                         semantic_reach=rates_["semantic_reach"], semantic_only=rates_["semantic_only"],
+                         tau=row["tau"], sole_share=sole,
+                         sole_per_100=100 * sole * row["accepted_drafts"] / generated if generated else 0.0))
+    per_category = [r for r in rows if r["category"] != "all"]
+    return dict(run=str(run_dir), method=method, rows=rows,
+                spearman=spearman([r["gap"] for r in per_category], [r["sole_share"] for r in per_category]))
+
+
+def format_gap_vs_share(comparison: dict) -> str:
+    """A Markdown table of `gap_vs_share`, with the rank correlation under it."""
+    lines = [f"| category | gap | gap (4) | semantic reach | semantic only (of present) | {comparison['method']} τ | "
+             "sem sole share (of accepted drafts) | sem sole tokens per 100 generated |",
+             "| --- |" + " ---: |" * 7]
+    for r in comparison["rows"]:
+        lines.append(f"| {r['category']} | {100 * r['gap']:.1f}% | {100 * r['gap_control']:.1f}% | "
+                     f"{100 * r['semantic_reach']:.1f}% | {100 * r['semantic_only']:.1f}% | {r['tau']:.2f} | "
+                     f"{100 * r['sole_share']:.1f}% | {r['sole_per_100']:.1f} |")
+    rho = comparison["spearman"]
+    lines.append("")
+    lines.append(f"Spearman rank correlation of gap and sole share over the categories: "
+                 f"{'– (fewer than 3 categories)' if rho is None else f'{rho:+.2f}'}.")
+    return "\n".join(lines)

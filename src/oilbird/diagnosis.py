@@ -2,7 +2,9 @@
 
 A benchmark is replayed request by request with the model's greedy outputs; at every generated
 position t (the next token is x_{t+1}) the *pool* is everything in the earlier requests (prompts
-and outputs; the current request's own text is not in it). Per position:
+and outputs). The current request's own text is not in it unless `within_request` is set; then
+the pool also holds what that request has committed so far (its prompt and x_1..x_t), never
+anything later. Per position:
 - presence: the next 2 tokens (x_{t+1}, x_{t+2}) occur verbatim somewhere in the pool (4 as the
   control);
 - the exact-match oracle: take the longest suffix of the context, up to 16 tokens, that occurs in
@@ -44,6 +46,8 @@ class DiagnosisConfig:
     """The oracle backs off down to a suffix of this many tokens."""
     candidates: int = 8
     """Candidate next tokens of the oracle, and neighbours of the semantic key."""
+    within_request: bool = False
+    """Also count the current request's own committed text (its prompt and the output so far) as pool. Off is the paper's definition (earlier requests only); on is what prompt lookup sees on top of it."""
 
 
 def occurs(sam: SuffixAutomaton, tokens: Sequence[int]) -> bool:
@@ -79,6 +83,27 @@ def oracle_candidates(sam: SuffixAutomaton, context: Sequence[int],
         return [], length
     found = sam.candidates(state, length, config.candidates, min_length=config.min_key)
     return [token for token, _, _ in found], length
+
+
+def union_candidates(sams: Sequence[SuffixAutomaton], context: Sequence[int],
+                     config: DiagnosisConfig = DiagnosisConfig()) -> tuple[list[int], int]:
+    """The oracle over several streams at once: candidates longest match first, across streams.
+
+    A stream may end with `context` itself (the current request's own text): its final
+    occurrence has no next token, so only earlier recurrences give candidates there.
+
+    Returns:
+        (up to `config.candidates` distinct tokens, longest suffix that has a candidate).
+    """
+    found = []
+    for sam in sams:
+        state, length = sam.match(list(context)[-config.max_suffix:])
+        if length >= config.min_key:
+            found += [(token, n) for token, _, n in sam.candidates(state, length, config.candidates,
+                                                                   min_length=config.min_key)]
+    found.sort(key=lambda c: -c[1])  # stable: each stream's own order within a length
+    tokens = list(dict.fromkeys(token for token, _ in found))[:config.candidates]
+    return tokens, (found[0][1] if found else 0)
 
 
 @dataclass
@@ -117,23 +142,51 @@ def lexical_positions(sam: SuffixAutomaton, prompt: Sequence[int], output: Seque
     """Presence, oracle and run for each generated position of one request against the pool.
 
     Position t predicts output[t] from prompt + output[:t]. Positions too close to the end for the
-    presence test use what is left (a shorter continuation cannot be 'present' as 2 tokens).
+    presence test use what is left (a shorter continuation cannot be 'present' as 2 tokens). With
+    `config.within_request` the request's committed text so far is a second stream of the pool.
     """
     text = list(prompt)
+    own = SuffixAutomaton() if config.within_request else None  # committed text, grown per position
+    if own is not None:
+        own.extend_many(text)
+    sams = [sam] if own is None else [sam, own]
     out = []
     for t, token in enumerate(output):
         ahead = list(output[t:])
-        candidates, length = oracle_candidates(sam, text, config)
+
+        def present(n: int) -> bool:
+            return len(ahead) >= n and any(occurs(s, ahead[:n]) for s in sams)
+
+        if own is not None:
+            candidates, length = union_candidates(sams, text, config)
+        else:
+            candidates, length = oracle_candidates(sam, text, config)
         out.append(Position(
-            present=len(ahead) >= config.presence_tokens and occurs(sam, ahead[:config.presence_tokens]),
-            present_control=len(ahead) >= config.control_tokens and occurs(sam, ahead[:config.control_tokens]),
-            oracle_hit=int(token) in candidates, match_length=length, run=verbatim_run(sam, ahead)))
+            present=present(config.presence_tokens), present_control=present(config.control_tokens),
+            oracle_hit=int(token) in candidates, match_length=length,
+            run=max(verbatim_run(s, ahead) for s in sams)))
         text.append(int(token))
+        if own is not None:
+            own.extend(int(token))
     return out
 
 
+def _top_neighbours(queries: torch.Tensor, keys: torch.Tensor, k: int,
+                    visible: Sequence[int] | None) -> list[list[int]]:
+    """Top-k records by cosine similarity per query, among the first visible[i] records only."""
+    q = torch.nn.functional.normalize(queries.float(), dim=-1)  # [n, d]
+    kk = torch.nn.functional.normalize(keys.float(), dim=-1)  # [m, d]
+    scores = q @ kk.T  # [n, m]
+    if visible is not None:
+        hidden = torch.arange(kk.shape[0])[None, :] >= torch.tensor(list(visible))[:, None]  # [n, m]
+        scores = scores.masked_fill(hidden, float("-inf"))
+    top = scores.topk(min(k, kk.shape[0]), dim=-1)
+    return [[r for r, v in zip(rows, vals) if v != float("-inf")]
+            for rows, vals in zip(top.indices.tolist(), top.values.tolist())]
+
+
 def neighbour_hits(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.Tensor,
-                   targets: Sequence[int], k: int = 8) -> list[bool]:
+                   targets: Sequence[int], k: int = 8, visible: Sequence[int] | None = None) -> list[bool]:
     """Semantic reach: does a top-k neighbour (cosine) of each query carry its target token?
 
     Args:
@@ -142,18 +195,20 @@ def neighbour_hits(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.
         key_tokens: [m] each record's token.
         targets: n true next tokens.
         k: neighbours per query.
+        visible: per query, how many leading records it may see (None: all). Records of the
+            current request sit at the end of the pool; this keeps each query to what was
+            committed before it.
     """
     if keys.shape[0] == 0:
         return [False] * len(targets)
-    q = torch.nn.functional.normalize(queries.float(), dim=-1)  # [n, d]
-    kk = torch.nn.functional.normalize(keys.float(), dim=-1)  # [m, d]
-    top = (q @ kk.T).topk(min(k, kk.shape[0]), dim=-1).indices  # [n, k]
-    found = key_tokens[top]  # [n, k]
-    return (found == torch.tensor(list(targets))[:, None]).any(dim=-1).tolist()
+    tokens = key_tokens.tolist()
+    return [any(tokens[r] == int(target) for r in rows)
+            for rows, target in zip(_top_neighbours(queries, keys, k, visible), targets)]
 
 
 def neighbour_runs(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.Tensor,
-                   segment_ends: torch.Tensor, continuations: Sequence[Sequence[int]], k: int = 8) -> list[int]:
+                   segment_ends: torch.Tensor, continuations: Sequence[Sequence[int]], k: int = 8,
+                   visible: Sequence[int] | None = None) -> list[int]:
     """How much of the true continuation the best top-k neighbour matches, token for token.
 
     A neighbour r offers its token and what followed it in its request: key_tokens[r], r+1, ...
@@ -163,20 +218,21 @@ def neighbour_runs(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.
     Args:
         queries: [n, d]; keys: [m, d]; key_tokens: [m] the records' tokens in pool order;
         segment_ends: [m] one past the last record of each record's request;
-        continuations: n true continuations (the next token first).
+        continuations: n true continuations (the next token first);
+        visible: per query, how many leading records it may see and read (None: all).
     """
     if keys.shape[0] == 0:
         return [0] * len(continuations)
-    q = torch.nn.functional.normalize(queries.float(), dim=-1)  # [n, d]
-    kk = torch.nn.functional.normalize(keys.float(), dim=-1)  # [m, d]
-    top = (q @ kk.T).topk(min(k, kk.shape[0]), dim=-1).indices.tolist()  # [n, k]
+    top = _top_neighbours(queries, keys, k, visible)  # [n][<= k]
     tokens, ends = key_tokens.tolist(), segment_ends.tolist()
+    limits = list(visible) if visible is not None else [len(tokens)] * len(continuations)
     out = []
-    for neighbours, ahead in zip(top, continuations):
+    for neighbours, ahead, limit in zip(top, continuations, limits):
         best = 0
         for r in neighbours:
             m = 0
-            while m < len(ahead) and r + m < ends[r] and tokens[r + m] == ahead[m]:
+            end = min(ends[r], limit)
+            while m < len(ahead) and r + m < end and tokens[r + m] == ahead[m]:
                 m += 1
             best = max(best, m)
         out.append(best)
