@@ -224,7 +224,7 @@ def test_gap_vs_share_puts_each_category_gap_beside_the_measured_share(tmp_path)
     rows = {r["category"]: r for r in comparison["rows"]}
     assert rows["a"]["gap"] == 0.25 and rows["a"]["tau"] == 2.0 and rows["a"]["sole_share"] == 1 / 20
     assert rows["b"]["sole_share"] == 0.2 and rows["b"]["sole_per_100"] == 100 * 6 / 40
-    assert rows["all"]["sole_share"] == 16 / 80 and comparison["spearman"] == 1.0
+    assert rows["all"]["sole_share"] == 16 / 80 and comparison["spearman"]["gap"] == 1.0
     assert "| b | 50.0% | 50.0% | 100.0% |" in format_gap_vs_share(comparison)
     with pytest.raises(DatasetError, match="not the same"):
         gap_vs_share(dict(summary, request_ids=["a/0", "b/0"]), run)

@@ -60,6 +60,36 @@ def replay(loaded: LoadedModel, ids: list[int], max_new: int) -> dict:
     return data
 
 
+def _neighbour_tests(data: dict, ids: list[int], output: list[int], pool: tuple,
+                     config: DiagnosisConfig) -> tuple[list[int], list[bool]]:
+    """Per generated position: the best hidden-state neighbour's run, and the static key's hit.
+
+    `pool` holds per earlier request (keys, static keys, tokens, segment ends) chunks; with
+    `config.within_request` the request's own records are appended last, and the query that
+    predicts token p + 1 sees only its records 0..p-1 (tokens 1..p): what is committed.
+    """
+    keys, statics, tokens, ends = (list(chunks) for chunks in pool)
+    rows = slice(len(ids) - 1, len(ids) - 1 + len(output))  # states predicting each output token
+    visible = None
+    if config.within_request:
+        pooled = sum(len(chunk) for chunk in tokens)
+        full = ids + output
+        keys.append(data["hidden"][:-1])
+        statics.append(data["static"][:-1])
+        tokens.append(full[1:])
+        ends.append([pooled + len(full) - 1] * (len(full) - 1))
+        visible = [pooled + p for p in range(rows.start, rows.stop)]
+    width = data["hidden"].shape[1]
+    pool_keys = torch.cat(keys) if keys else torch.zeros(0, width)  # [m, d]
+    pool_static = torch.cat(statics) if statics else torch.zeros(0, data["static"].shape[1])  # [m, d]
+    pool_tokens = torch.tensor([t for chunk in tokens for t in chunk], dtype=torch.long)  # [m]
+    pool_ends = torch.tensor([e for chunk in ends for e in chunk], dtype=torch.long)  # [m]
+    runs = neighbour_runs(data["hidden"][rows], pool_keys, pool_tokens, pool_ends,
+                          [output[t:] for t in range(len(output))], config.candidates, visible)
+    static = neighbour_hits(data["static"][rows], pool_static, pool_tokens, output, config.candidates, visible)
+    return runs, static
+
+
 def run_diagnosis(loaded: LoadedModel, replay_config: ReplayConfig,
                   config: DiagnosisConfig | None = None, out_dir: Path | None = None,
                   progress: bool = True, requests: list[Request] | None = None) -> dict:
@@ -90,28 +120,8 @@ def run_diagnosis(loaded: LoadedModel, replay_config: ReplayConfig,
         output = data["output"]
         positions = lexical_positions(sam, ids, output, config)
         if output:
-            rows = slice(len(ids) - 1, len(ids) - 1 + len(output))  # states predicting each output token
-            key_chunks, static_chunks, token_chunks, end_chunks = list(keys), list(statics), list(tokens), list(ends)
-            visible = None
-            if config.within_request:
-                # The request's own records go last; the query predicting token p + 1 sees the
-                # pool and its records 0..p-1 (tokens 1..p), i.e. only what is committed.
-                pooled = sum(len(chunk) for chunk in tokens)
-                full = ids + output
-                key_chunks.append(data["hidden"][:-1])
-                static_chunks.append(data["static"][:-1])
-                token_chunks.append(full[1:])
-                end_chunks.append([pooled + len(full) - 1] * (len(full) - 1))
-                visible = [pooled + p for p in range(rows.start, rows.stop)]
-            pool_keys = torch.cat(key_chunks) if key_chunks else torch.zeros(0, data["hidden"].shape[1])
-            pool_static = torch.cat(static_chunks) if static_chunks else torch.zeros(0, data["static"].shape[1])
-            pool_tokens = torch.tensor([t for chunk in token_chunks for t in chunk], dtype=torch.long)
-            pool_ends = torch.tensor([e for chunk in end_chunks for e in chunk], dtype=torch.long)
-            sem = neighbour_runs(data["hidden"][rows], pool_keys, pool_tokens, pool_ends,
-                                 [output[t:] for t in range(len(output))], config.candidates, visible)
-            static = neighbour_hits(data["static"][rows], pool_static, pool_tokens, output,
-                                    config.candidates, visible)
-            for position, run, st in zip(positions, sem, static):
+            runs, static = _neighbour_tests(data, ids, output, (keys, statics, tokens, ends), config)
+            for position, run, st in zip(positions, runs, static):
                 position.semantic_hit, position.static_hit, position.neighbour_run = run > 0, st, run
         records.append(dict(request_id=request.id, category=request.category,
                             positions=[asdict(p) for p in positions]))
@@ -290,7 +300,8 @@ def gap_vs_share(summary: dict, run_dir: Path, method: str = "oilbird") -> dict:
 
     Returns:
         {rows: [{category, gap, gap_control, semantic_reach, semantic_only, tau, sole_share,
-        sole_per_100}], spearman: rank correlation of gap and sole share over the categories}.
+        sole_per_100}], spearman: {gap, gap_control, semantic_only}: each one's rank correlation with the
+        sole share over the categories}.
 
     Raises:
         DatasetError: the run lacks `method`, or served other requests than were diagnosed.
@@ -307,8 +318,10 @@ def gap_vs_share(summary: dict, run_dir: Path, method: str = "oilbird") -> dict:
                          tau=row["tau"], sole_share=sole,
                          sole_per_100=100 * sole * row["accepted_drafts"] / generated if generated else 0.0))
     per_category = [r for r in rows if r["category"] != "all"]
+    shares = [r["sole_share"] for r in per_category]
     return dict(run=str(run_dir), method=method, rows=rows,
-                spearman=spearman([r["gap"] for r in per_category], [r["sole_share"] for r in per_category]))
+                spearman={key: spearman([r[key] for r in per_category], shares)
+                          for key in ("gap", "gap_control", "semantic_only")})
 
 
 def format_gap_vs_share(comparison: dict) -> str:
@@ -320,8 +333,11 @@ def format_gap_vs_share(comparison: dict) -> str:
         lines.append(f"| {r['category']} | {100 * r['gap']:.1f}% | {100 * r['gap_control']:.1f}% | "
                      f"{100 * r['semantic_reach']:.1f}% | {100 * r['semantic_only']:.1f}% | {r['tau']:.2f} | "
                      f"{100 * r['sole_share']:.1f}% | {r['sole_per_100']:.1f} |")
-    rho = comparison["spearman"]
+    def rho(key: str) -> str:
+        value = comparison["spearman"][key]
+        return "– (fewer than 3 categories)" if value is None else f"{value:+.2f}"
+
     lines.append("")
-    lines.append(f"Spearman rank correlation of gap and sole share over the categories: "
-                 f"{'– (fewer than 3 categories)' if rho is None else f'{rho:+.2f}'}.")
+    lines.append(f"Spearman rank correlation with the sole share over the categories: gap {rho('gap')}, "
+                 f"gap (4) {rho('gap_control')}, semantic only {rho('semantic_only')}.")
     return "\n".join(lines)
