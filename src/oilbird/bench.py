@@ -184,10 +184,13 @@ def configure(method: str, base, overrides: dict[str, str]):
         raise ConfigError(f"{method}{overrides}: {err}") from None
 
 
-def build_drafter(spec: str, drafter_configs: dict):
-    """A fresh drafter for a method spec (see `BenchConfig.method_list`)."""
+def build_drafter(spec: str, drafter_configs: dict, target: LoadedModel | None = None):
+    """A fresh drafter for a method spec (see `BenchConfig.method_list`), attached to `target`."""
     method, overrides = parse_spec(spec)
-    return make_drafter(method, configure(method, drafter_configs.get(method), overrides))
+    drafter = make_drafter(method, configure(method, drafter_configs.get(method), overrides))
+    if target is not None:
+        drafter.attach(target)
+    return drafter
 
 
 def node_budget(budget: str) -> int:
@@ -272,11 +275,11 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
     for ids in prompts[: config.warmup]:
         greedy_reference(loaded.model, ids, min(8, config.max_new_tokens), loaded.stop_ids)
         for _, method, budget in variants:
-            drafter = build_drafter(method, drafter_configs) if parse_spec(method)[0] in DRAFTERS else None
+            drafter = build_drafter(method, drafter_configs, loaded) if parse_spec(method)[0] in DRAFTERS else None
             run(method, budget, drafter, ids, "warmup", min(8, config.max_new_tokens),
                 new_policy(method, budget))
 
-    drafters = {label: build_drafter(m, drafter_configs) for label, m, _ in variants
+    drafters = {label: build_drafter(m, drafter_configs, loaded) for label, m, _ in variants
                 if parse_spec(m)[0] in DRAFTERS}
     policies = {label: p for label, m, b in variants if (p := new_policy(m, b)) is not None}
     records: list[dict] = []

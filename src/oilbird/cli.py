@@ -87,6 +87,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _set_threads(args)
     drafter = make_drafter(args.method, _drafter_configs(args).get(args.method))
     loaded = load_model(args.model, log=_log)
+    drafter.attach(loaded)
     if args.raw:
         ids = loaded.encode_text(args.prompt)
     else:

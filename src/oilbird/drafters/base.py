@@ -2,6 +2,7 @@
 
 A drafter lives as long as a benchmark (or a server tenant) and serves requests one at a time:
 
+    drafter.attach(loaded_target)                     # once: drafters with a model of their own load it
     drafter.start_request(request_id, prompt_ids, tenant)  # a new request begins
     loop:
         tree = drafter.propose(budget)                # a DraftTree rooted at the anchor, <= budget nodes
@@ -51,6 +52,17 @@ class Drafter:
     def anchor(self) -> int:
         """The last committed token: the root of the next tree."""
         return self.sequence[-1]
+
+    def attach(self, target) -> None:
+        """Meet the target model (a `LoadedModel`) before the first request.
+
+        The harness calls this once per drafter; drafters that run a model of their own (the
+        'draft' method) load or build it here and check that it shares the target's vocabulary.
+        The rest ignore it.
+
+        Raises:
+            ModelError: if the drafter cannot work with this target.
+        """
 
     def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
         """Begin serving a request of `tenant` whose prompt is `prompt_ids` (already committed)."""
