@@ -34,12 +34,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from oilbird.audit import compare, greedy_reference, hf_prompt_lookup
+from oilbird.audit import compare, differences, greedy_reference, hf_prompt_lookup
 from oilbird.budget import AdaptiveBudget, BudgetConfig, load_or_measure
 from oilbird.config import field_types, parse_bool
 from oilbird.datasets import Workload
 from oilbird.decode import DecodeConfig, check_prompt, decode
 from oilbird.drafters import DRAFTERS, make_drafter
+from oilbird.fly import FlyConfig
 from oilbird.errors import ConfigError, DatasetError
 from oilbird.models import LoadedModel, default_cache_dir
 from oilbird.verifier import TreeVerifier, VerifierConfig
@@ -96,6 +97,8 @@ class BenchConfig(Workload):
             method, overrides = parse_spec(spec)
             if method not in known:
                 raise ConfigError(f"unknown method {method!r}; known methods: {', '.join(known)}")
+            if fly_config(spec) is not None and method not in DRAFTERS:
+                raise ConfigError(f"{name!r}: FLy verifies drafts; only drafters take '{FLY}'")
             if "@" in name and (method not in DRAFTERS or not (budget == "auto" or budget.isdigit() and int(budget) >= 1)):
                 raise ConfigError(f"{name!r}: only drafters take a budget, as name@N or name@auto")
             if overrides:
@@ -138,14 +141,13 @@ def split_methods(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """'oilbird[sem_theta=0.6;sem_floor=false]' -> ('oilbird', {'sem_theta': '0.6', ...}).
+FLY = "+fly"  # method suffix: verify with FLy's loose (lossy) rule, e.g. 'draft+fly[fly_window=4]'
 
-    Raises:
-        ConfigError: for unbalanced brackets or an override without '='.
-    """
+
+def _split_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """'oilbird[sem_theta=0.6;sem_floor=false]' -> ('oilbird', {'sem_theta': '0.6', ...}), all overrides."""
     if "[" not in spec:
-        return spec, {}
+        return spec.strip(), {}
     method, _, rest = spec.partition("[")
     if not rest.endswith("]"):
         raise ConfigError(f"{spec!r}: overrides go in one trailing [field=value;...]")
@@ -156,6 +158,49 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
             raise ConfigError(f"{spec!r}: override {item!r} is not field=value")
         overrides[key.strip()] = value.strip()
     return method.strip(), overrides
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """The drafter of a method spec and its config overrides.
+
+    'oilbird[sem_theta=0.6;sem_floor=false]' -> ('oilbird', {'sem_theta': '0.6', ...}). FLy's
+    part ('+fly' and 'fly_*' overrides, see `fly_config`) is left out: 'draft+fly[k=10;fly_window=4]'
+    -> ('draft', {'k': '10'}).
+
+    Raises:
+        ConfigError: for unbalanced brackets or an override without '='.
+    """
+    method, overrides = _split_spec(spec)
+    return method.removesuffix(FLY), {k: v for k, v in overrides.items() if not k.startswith("fly_")}
+
+
+def fly_config(spec: str) -> FlyConfig | None:
+    """FLy's config of a method spec: None unless the method ends with '+fly'.
+
+    'draft+fly[fly_theta=0.6;fly_window=4]' -> FlyConfig(theta=0.6, window=4).
+
+    Raises:
+        ConfigError: for 'fly_*' overrides without '+fly', an unknown field or a bad value.
+    """
+    method, overrides = _split_spec(spec)
+    fly = {k.removeprefix("fly_"): v for k, v in overrides.items() if k.startswith("fly_")}
+    if not method.endswith(FLY):
+        if fly:
+            raise ConfigError(f"{spec!r}: fly_* overrides need the FLy rule: write {method}{FLY}[...]")
+        return None
+    types = field_types(FlyConfig)
+    values = {}
+    for key, text in fly.items():
+        if key not in types:
+            raise ConfigError(f"FLy has no field 'fly_{key}'; fields: {', '.join('fly_' + t for t in types)}")
+        try:
+            values[key] = types[key](text)
+        except ValueError:
+            raise ConfigError(f"{spec!r}: fly_{key}={text}: expected {types[key].__name__}") from None
+    try:
+        return FlyConfig(**values)
+    except ValueError as err:
+        raise ConfigError(f"{spec!r}: {err}") from None
 
 
 def configure(method: str, base, overrides: dict[str, str]):
@@ -239,6 +284,10 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
             raise type(err)(f"request {request.id}: {err}") from None
 
     verifier = TreeVerifier(loaded.model, loaded.stop_ids, verifier_config or VerifierConfig())
+    # FLy methods verify with the loose rule: a verifier of their own (lossy, never audited as lossless).
+    fly_verifiers = {spec.partition("@")[0]: TreeVerifier(loaded.model, loaded.stop_ids,
+                                                           verifier_config or VerifierConfig(), fly=fly)
+                     for _, spec, _ in variants if (fly := fly_config(spec.partition("@")[0])) is not None}
 
     curve, budget_config = None, budget_config or BudgetConfig(mode="auto")
     if any(budget == "auto" for _, _, budget in variants):
@@ -259,7 +308,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                         finish_reason=None, excess_tokens=0, accepted_drafts=None,
                         accepted_sources={}, sole_sources={},
                         committed_per_forward=None, nodes_per_forward=None)
-        res = decode(verifier, drafter, ids, DecodeConfig(limit, node_budget(budget)),
+        res = decode(fly_verifiers.get(method, verifier), drafter, ids, DecodeConfig(limit, node_budget(budget)),
                      max_context=loaded.max_context, request_id=request_id,
                      tenant=config.dataset,  # one pool per dataset, as the papers serve them
                      budget_policy=policy)
@@ -269,7 +318,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                     excess_tokens=res.excess_tokens, accepted_drafts=res.accepted_drafts,
                     accepted_sources=res.accepted_sources, sole_sources=res.sole_sources,
                     committed_per_forward=res.committed_per_forward,
-                    nodes_per_forward=res.nodes_per_forward, drafter_stats=res.drafter_stats)
+                    nodes_per_forward=res.nodes_per_forward, drafter_stats=res.drafter_stats,
+                    lossy=res.lossy, forgiven_positions=res.forgiven_positions)
 
     # Warm-up: throw-away drafters, so nothing reaches the measured drafters' pools.
     for ids in prompts[: config.warmup]:
@@ -309,7 +359,13 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
             for label, method, budget in variants:
                 res = run(method, budget, drafters.get(label), ids, request.id, config.max_new_tokens,
                           policies.get(label))
-                audit = asdict(compare(res["output_ids"], ref)) if ref is not None else None
+                if ref is None:
+                    audit = None
+                elif res.get("lossy"):  # FLy: not lossless by design; count what differs instead
+                    res["differs"] = asdict(differences(res["output_ids"], ref.output_ids))
+                    audit = None
+                else:
+                    audit = asdict(compare(res["output_ids"], ref))
                 request_records.append(_record(label, request, ids, res, audit))
             for record in request_records:  # whole requests only: every method saw the same ones
                 emit(record)
@@ -379,6 +435,14 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
             for source in out:
                 out[source] = out[source] / drafts if drafts else 0.0
         row["semantic"] = _semantic_stats(recs)
+        lossy = [r for r in recs if r.get("lossy")]
+        row["lossy"] = bool(lossy)
+        if lossy:  # FLy: how far from greedy decoding the loose rule took the outputs
+            compared = [r["differs"] for r in lossy if r.get("differs")]
+            row["forgiven"] = sum(len(r.get("forgiven_positions") or []) for r in lossy)
+            row["compared"] = len(compared)
+            row["requests_differing"] = sum(d["tokens"] > 0 for d in compared)
+            row["tokens_differing"] = sum(d["tokens"] for d in compared)
         # Decode phase only: the prefill is identical across methods and dilutes the ratio.
         row["decode_tokens_per_s"] = tokens / cycle if has_split and cycle else None
         rows.append(row)
@@ -420,8 +484,13 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
     lines = ["| method | requests | tokens | forwards | τ | tokens/s | speedup vs ar | decode speedup | lossless | draft % | bookkeeping % |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        audit = "reference" if r["method"] == REFERENCE else (
-            f"{r['lossless']}/{r['audited']}" if r["audited"] else "not audited")
+        if r["method"] == REFERENCE:
+            audit = "reference"
+        elif r.get("lossy"):  # never counted as lossless: how many requests left greedy's output
+            audit = (f"LOSSY: {r['requests_differing']}/{r['compared']} differ" if r.get("compared")
+                     else "LOSSY")
+        else:
+            audit = f"{r['lossless']}/{r['audited']}" if r["audited"] else "not audited"
         speedup = "–" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         decode_speedup = "–" if r["decode_speedup"] is None else f"{r['decode_speedup']:.2f}x"
         lines.append(f"| {r['method']} | {r['requests']} | {r['new_tokens']} | {r['forwards']} | "
@@ -459,6 +528,8 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
                  "speedup leaves the prefill out (our loop only). draft % and bookkeeping % are "
                  "shares of the decode cycle (draft + forward + bookkeeping). "
                  f"{REFERENCE} = transformers generate(do_sample=False), the audit reference; "
+                 f"'{FLY}' rows verify with FLy's loose rule: LOSSY by design, left out of the audit, with the "
+                 "number of requests whose output differs from greedy decoding; "
                  "hf-pld forwards = all model calls of generate(prompt_lookup_num_tokens=10).")
     return "\n".join(lines)
 
