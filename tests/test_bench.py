@@ -163,3 +163,15 @@ def test_fly_rows_are_labelled_lossy_and_left_out_of_the_audit(smol, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     lossy = [r for r in records if r["method"].startswith("draft+fly")]
     assert all(r["lossy"] and r["audit"] is None and "tokens" in r["differs"] for r in lossy)
+
+
+def test_answers_of_gradable_requests_are_graded_per_method(smol):
+    config = BenchConfig(dataset="spec-bench:math_reasoning", limit=2, max_new_tokens=8, warmup=0,
+                         methods="pld,pld+fly[fly_theta=0;fly_window=0]", budget="8")
+    summary = run_bench(smol, config, progress=False)
+    rows = {r["method"]: r for r in summary["rows"]}
+    assert rows["ar"]["graded"] == rows["pld"]["graded"] == 2
+    assert rows["pld"]["correct"] == rows["ar"]["correct"]  # lossless: the same answers
+    assert "Accuracy of the answers" in summary["table"]
+    assert run_bench(smol, BenchConfig(dataset="spec-bench:writing", limit=1, max_new_tokens=4, warmup=0,
+                                       methods="pld"), progress=False)["rows"][1]["graded"] == 0

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from oilbird.accuracy import Grader, gradable
 from oilbird.audit import compare, differences, greedy_reference, hf_prompt_lookup
 from oilbird.budget import AdaptiveBudget, BudgetConfig, load_or_measure
 from oilbird.config import field_types, parse_bool
@@ -63,6 +64,8 @@ class BenchConfig(Workload):
     """Requests run (untimed, with throw-away drafters) before measuring."""
     audit: bool = True
     """Check every output token for token against transformers generate(do_sample=False)."""
+    grade: bool = True
+    """Grade the answers of requests with a checkable reference (GSM8K: Spec-Bench math_reasoning; HumanEval: its tests, run in a subprocess) and report accuracy per method."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -344,6 +347,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
             sink.write(json.dumps(record) + "\n")
             sink.flush()
 
+    grader = Grader()
     bar = tqdm(list(zip(requests, prompts)), desc=f"bench {config.dataset}", unit="req",
                disable=not progress, file=sys.stderr)
     interrupted = False
@@ -366,6 +370,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                     audit = None
                 else:
                     audit = asdict(compare(res["output_ids"], ref))
+                if config.grade and gradable(request):
+                    res["correct"] = grader.grade(request, loaded.decode(res["output_ids"]))
                 request_records.append(_record(label, request, ids, res, audit))
             for record in request_records:  # whole requests only: every method saw the same ones
                 emit(record)
@@ -435,6 +441,9 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
             for source in out:
                 out[source] = out[source] / drafts if drafts else 0.0
         row["semantic"] = _semantic_stats(recs)
+        graded = [r["correct"] for r in recs if r.get("correct") is not None]
+        row["graded"], row["correct"] = len(graded), sum(graded)
+        row["accuracy"] = sum(graded) / len(graded) if graded else None
         lossy = [r for r in recs if r.get("lossy")]
         row["lossy"] = bool(lossy)
         if lossy:  # FLy: how far from greedy decoding the loose rule took the outputs
@@ -448,6 +457,9 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
         rows.append(row)
     base = next((r for r in rows if r["method"] == "ar"), None)
     for row in rows:
+        # Recovery: accuracy relative to strict verification, whose output is greedy decoding's ('ar').
+        row["recovery"] = (row["accuracy"] / base["accuracy"] if base and row["accuracy"] is not None
+                           and base.get("accuracy") else None)
         row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
         row["decode_speedup"] = (row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
                                  if base and row["decode_tokens_per_s"] and base["decode_tokens_per_s"]
@@ -496,6 +508,14 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
         lines.append(f"| {r['method']} | {r['requests']} | {r['new_tokens']} | {r['forwards']} | "
                      f"{r['tau']:.2f} | {r['tokens_per_s']:.1f} | {speedup} | {decode_speedup} | {audit} | "
                      f"{pct(r['draft_share'])} | {pct(r['bookkeeping_share'])} |")
+    graded = [r for r in rows if r.get("graded")]
+    if graded:
+        lines.append("")
+        lines.append("Accuracy of the answers (GSM8K: the final number; HumanEval: pass@1 of its tests); "
+                     "recovery = accuracy / accuracy of ar (strict verification gives greedy's output):")
+        for r in graded:
+            recovery = "" if r["recovery"] is None else f", recovery {100 * r['recovery']:.1f}%"
+            lines.append(f"- {r['method']}: {r['correct']}/{r['graded']} = {100 * r['accuracy']:.1f}%{recovery}")
     shares = [r for r in rows if r.get("source_share")]
     if shares:
         lines.append("")
