@@ -232,12 +232,16 @@ def configure(method: str, base, overrides: dict[str, str]):
         raise ConfigError(f"{method}{overrides}: {err}") from None
 
 
-def build_drafter(spec: str, drafter_configs: dict, target: LoadedModel | None = None):
-    """A fresh drafter for a method spec (see `BenchConfig.method_list`), attached to `target`."""
+def build_drafter(spec: str, drafter_configs: dict, target: LoadedModel | None = None,
+                  models: dict | None = None):
+    """A fresh drafter for a method spec (see `BenchConfig.method_list`), attached to `target`.
+
+    `models` memoises drafter models across the drafters of one run (see `Drafter.attach`).
+    """
     method, overrides = parse_spec(spec)
     drafter = make_drafter(method, configure(method, drafter_configs.get(method), overrides))
     if target is not None:
-        drafter.attach(target)
+        drafter.attach(target, models)
     return drafter
 
 
@@ -324,15 +328,17 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                     nodes_per_forward=res.nodes_per_forward, drafter_stats=res.drafter_stats,
                     lossy=res.lossy, forgiven_positions=res.forgiven_positions)
 
+    drafter_models: dict = {}  # drafter LLMs ('draft' method), loaded once per run
     # Warm-up: throw-away drafters, so nothing reaches the measured drafters' pools.
     for ids in prompts[: config.warmup]:
         greedy_reference(loaded.model, ids, min(8, config.max_new_tokens), loaded.stop_ids)
         for _, method, budget in variants:
-            drafter = build_drafter(method, drafter_configs, loaded) if parse_spec(method)[0] in DRAFTERS else None
+            drafter = (build_drafter(method, drafter_configs, loaded, drafter_models)
+                       if parse_spec(method)[0] in DRAFTERS else None)
             run(method, budget, drafter, ids, "warmup", min(8, config.max_new_tokens),
                 new_policy(method, budget))
 
-    drafters = {label: build_drafter(m, drafter_configs, loaded) for label, m, _ in variants
+    drafters = {label: build_drafter(m, drafter_configs, loaded, drafter_models) for label, m, _ in variants
                 if parse_spec(m)[0] in DRAFTERS}
     policies = {label: p for label, m, b in variants if (p := new_policy(m, b)) is not None}
     records: list[dict] = []

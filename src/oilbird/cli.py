@@ -196,6 +196,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("models:  " + ", ".join(PRESETS) + " (or a .gguf file, a transformers directory, a hub id)")
     print("datasets: " + ", ".join(DATASET_NAMES) + " (or spec-bench:<category>, or a .jsonl file)")
     print("methods: " + ", ".join(sorted(DRAFTERS)) + ", hf-pld")
+    print("  append +fly to a drafter (e.g. draft+fly, pld+fly) to verify with FLy's loose rule: LOSSY, opt-in")
     return 0
 
 

@@ -53,12 +53,13 @@ class Drafter:
         """The last committed token: the root of the next tree."""
         return self.sequence[-1]
 
-    def attach(self, target) -> None:
+    def attach(self, target, models: dict | None = None) -> None:
         """Meet the target model (a `LoadedModel`) before the first request.
 
         The harness calls this once per drafter; drafters that run a model of their own (the
         'draft' method) load or build it here and check that it shares the target's vocabulary.
-        The rest ignore it.
+        The rest ignore it. `models` is the harness's per-run memo of loaded models (spec ->
+        model), so several drafters of one run share one copy of the weights.
 
         Raises:
             ModelError: if the drafter cannot work with this target.

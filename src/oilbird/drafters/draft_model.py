@@ -114,7 +114,7 @@ class DraftModelDrafter(Drafter):
         self.cached: list[int] = []  # the tokens whose KV is in self.cache, in order
         self.stats = dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0)
 
-    def attach(self, target) -> None:
+    def attach(self, target, models: dict | None = None) -> None:
         if self._target is target:
             return
         spec = self.config.model
@@ -123,7 +123,10 @@ class DraftModelDrafter(Drafter):
         else:
             from oilbird.models import load_model
 
-            loaded = load_model(spec, device=str(target.device))
+            models = {} if models is None else models
+            if spec not in models:
+                models[spec] = load_model(spec, device=str(target.device))
+            loaded = models[spec]
             check_same_vocabulary(target.tokenizer, loaded.tokenizer, target.name, spec)
             self.model = loaded.model
         self._target = target
