@@ -91,3 +91,15 @@ def test_bad_draft_configs_are_clear_errors(smol):
         DraftModelConfig(k=0)
     with pytest.raises(ConfigError, match="attach"):
         make_drafter("draft", DraftModelConfig(model="self:2")).start_request("r", [1, 2])
+
+
+def test_a_request_drafts_the_same_whatever_was_served_before(smol, api_bank_prompts):
+    fresh = attached(smol, k=8)
+    fresh.start_request("b", api_bank_prompts[2])
+    expected = fresh.propose(16).tokens
+    used = attached(smol, k=8)
+    used.start_request("a", api_bank_prompts[0])
+    used.propose(16)
+    used.stop_request("a")
+    used.start_request("b", api_bank_prompts[2])
+    assert used.cached == [] and used.propose(16).tokens == expected

@@ -39,6 +39,8 @@ class Drafter:
     Config: ClassVar[type] = type("NoConfig", (), {})
     needs_prefill: ClassVar[bool] = False
     """True when the drafter harvests the prefill (top-k and hidden state at every prompt position)."""
+    needs_target: ClassVar[bool] = False
+    """True when the drafter runs a model of its own and cannot draft before `attach(target)`."""
     prefill_topk: ClassVar[bool] = True
     """With `needs_prefill`: whether the prefill's top-k is wanted (it costs an LM-head pass over the prompt)."""
 

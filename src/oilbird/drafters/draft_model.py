@@ -105,6 +105,7 @@ class DraftModelDrafter(Drafter):
 
     name = "draft"
     Config = DraftModelConfig
+    needs_target = True
 
     def __init__(self, config=None) -> None:
         super().__init__(config)
