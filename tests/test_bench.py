@@ -123,3 +123,55 @@ def test_ctrl_c_keeps_and_summarises_the_requests_that_finished(smol, tmp_path, 
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert {r["request_id"] for r in records} == {"level-1-api/0"}  # no half-served request
     assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
+
+
+def test_fly_specs_split_into_the_drafter_and_the_rule():
+    from oilbird.bench import fly_config, parse_spec
+    from oilbird.fly import FlyConfig
+
+    assert parse_spec("draft+fly[k=10;fly_window=4]") == ("draft", {"k": "10"})
+    assert fly_config("draft+fly[k=10;fly_window=4;fly_entropy=normalized]") == FlyConfig(window=4, entropy="normalized")
+    assert fly_config("pld+fly") == FlyConfig() and fly_config("pld") is None
+    for spec, message in [("pld[fly_window=4]", "need the FLy rule"), ("pld+fly[fly_gate=1]", "no field"),
+                          ("pld+fly[fly_window=x]", "expected int"), ("pld+fly[fly_entropy=renyi]", "entropy")]:
+        with pytest.raises(ConfigError, match=message):
+            fly_config(spec)
+    with pytest.raises(ConfigError, match="only drafters"):
+        BenchConfig(methods="hf-pld+fly").method_list()
+    assert BenchConfig(methods="pld+fly[fly_theta=0.6],pld").method_list() == ["ar", "pld+fly[fly_theta=0.6]", "pld"]
+
+
+def test_differences_count_what_a_lossy_output_changed():
+    from oilbird.audit import differences
+
+    assert differences([1, 2, 3], [1, 2, 3]).tokens == 0 and differences([1, 2, 3], [1, 2, 3]).first is None
+    d = differences([1, 9, 3, 4], [1, 2, 3])
+    assert (d.tokens, d.first) == (2, 1)
+    assert differences([1, 2], [1, 2, 3]).first == 2
+
+
+def test_fly_rows_are_labelled_lossy_and_left_out_of_the_audit(smol, tmp_path):
+    config = BenchConfig(dataset="api-bank/level-1-api", limit=2, max_new_tokens=16, warmup=0, budget="16",
+                         methods="draft[model=self:4;k=6],draft+fly[model=self:4;k=6;fly_theta=0;fly_window=0]")
+    summary = run_bench(smol, config, out_dir=tmp_path, progress=False)
+    rows = {r["method"]: r for r in summary["rows"]}
+    strict, fly = rows["draft[model=self:4;k=6]"], rows["draft+fly[model=self:4;k=6;fly_theta=0;fly_window=0]"]
+    assert strict["lossless"] == strict["audited"] == 2 and not strict["lossy"]
+    assert fly["lossy"] and fly["audited"] == 0 and fly["compared"] == 2 and fly["forgiven"] > 0
+    assert fly["tau"] > strict["tau"]  # every draft accepted
+    assert "LOSSY" in summary["table"]
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    lossy = [r for r in records if r["method"].startswith("draft+fly")]
+    assert all(r["lossy"] and r["audit"] is None and "tokens" in r["differs"] for r in lossy)
+
+
+def test_answers_of_gradable_requests_are_graded_per_method(smol):
+    config = BenchConfig(dataset="spec-bench:math_reasoning", limit=2, max_new_tokens=8, warmup=0,
+                         methods="pld,pld+fly[fly_theta=0;fly_window=0]", budget="8")
+    summary = run_bench(smol, config, progress=False)
+    rows = {r["method"]: r for r in summary["rows"]}
+    assert rows["ar"]["graded"] == rows["pld"]["graded"] == 2
+    assert rows["pld"]["correct"] == rows["ar"]["correct"]  # lossless: the same answers
+    assert "Accuracy of the answers" in summary["table"]
+    assert run_bench(smol, BenchConfig(dataset="spec-bench:writing", limit=1, max_new_tokens=4, warmup=0,
+                                       methods="pld"), progress=False)["rows"][1]["graded"] == 0

@@ -126,3 +126,17 @@ def test_diagnose_refuses_a_comparison_run_over_other_requests(capsys, tmp_path,
     code, _, err = run_cli(capsys, "diagnose", "--dataset", "api-bank/level-1-api", "--limit", "2",
                            "--compare-run", str(run))
     assert code == 2 and "not the same" in err and "--per-category" in err
+
+
+def test_generate_with_fly_reports_a_lossy_result(capsys, smol):
+    code, out, err = run_cli(capsys, "generate", "--prompt", "Count: one two three four", "--method", "draft",
+                             "--draft-model", "self:4", "--draft-k", "4", "--max-new-tokens", "10", "--json",
+                             "--fly", "--fly-theta", "0", "--fly-window", "0")
+    assert code == 0 and out.strip()
+    stats = json.loads(err.strip().splitlines()[-1])
+    assert stats["lossy"] is True and stats["forgiven"] >= 0 and stats["tau"] >= 4.0
+
+
+def test_fly_options_without_fly_are_refused(capsys):
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--fly-window", "4")
+    assert code == 2 and "add --fly" in err

@@ -92,3 +92,17 @@ def test_semantic_report_pairs_ablations_and_costs(tmp_path):
     assert "transplant into prompt lookup: pld → oilbird-pld | 1.25 → 2.00 | +60.0% |" in report
     assert "| oilbird[sem_layer=0] | 2.00 | -20.0% |" in report
     assert "| oilbird | 16.7% | 50% | 20.0% | 1.00 | 0.00 | 1.00 |" in report
+
+
+def test_fly_rows_read_lossy_in_the_comparison_table(tmp_path):
+    run = tmp_path / "fly"
+    run.mkdir()
+    records = []
+    for rid in ("r0", "r1"):
+        records.append(dict(method="ar", request_id=rid, new_tokens=10, forwards=10, wall_s=1.0,
+                            audit=dict(lossless=True)))
+        records.append(dict(method="draft+fly", request_id=rid, new_tokens=10, forwards=3, wall_s=0.5,
+                            audit=None, lossy=True, forgiven_positions=[2], differs=dict(tokens=1, first=2)))
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = comparison_table([load_run(run)])
+    assert "| draft+fly | 3.33 | 2.00x | LOSSY (FLy) |" in table and "| ar | 1.00 | 1.00x | 2/2 |" in table

@@ -83,6 +83,25 @@ def compare(output_ids: list[int], reference: Reference) -> AuditResult:
 
 
 @dataclass
+class Differences:
+    """How far a lossy (FLy) output is from the greedy output of the same prompt."""
+
+    tokens: int
+    """Positions whose token differs, plus the difference in length (0: identical)."""
+    first: int | None
+    """The first differing position (None: identical)."""
+
+
+def differences(output_ids: list[int], reference_ids: list[int]) -> Differences:
+    """Count the committed tokens of a lossy output that differ from greedy decoding, position by position."""
+    n = min(len(output_ids), len(reference_ids))
+    differ = [i for i in range(n) if output_ids[i] != reference_ids[i]]
+    extra = abs(len(output_ids) - len(reference_ids))
+    first = differ[0] if differ else (n if extra else None)
+    return Differences(tokens=len(differ) + extra, first=first)
+
+
+@dataclass
 class HFLookupResult:
     """Output and counts of transformers' own prompt lookup decoding."""
 

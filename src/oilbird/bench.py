@@ -34,12 +34,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from oilbird.audit import compare, greedy_reference, hf_prompt_lookup
+from oilbird.accuracy import Grader, gradable
+from oilbird.audit import compare, differences, greedy_reference, hf_prompt_lookup
 from oilbird.budget import AdaptiveBudget, BudgetConfig, load_or_measure
 from oilbird.config import field_types, parse_bool
 from oilbird.datasets import Workload
 from oilbird.decode import DecodeConfig, check_prompt, decode
 from oilbird.drafters import DRAFTERS, make_drafter
+from oilbird.fly import FlyConfig
 from oilbird.errors import ConfigError, DatasetError
 from oilbird.models import LoadedModel, default_cache_dir
 from oilbird.verifier import TreeVerifier, VerifierConfig
@@ -62,6 +64,8 @@ class BenchConfig(Workload):
     """Requests run (untimed, with throw-away drafters) before measuring."""
     audit: bool = True
     """Check every output token for token against transformers generate(do_sample=False)."""
+    grade: bool = True
+    """Grade the answers of requests with a checkable reference (GSM8K: Spec-Bench math_reasoning; HumanEval: its tests, run in a subprocess) and report accuracy per method."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -96,6 +100,8 @@ class BenchConfig(Workload):
             method, overrides = parse_spec(spec)
             if method not in known:
                 raise ConfigError(f"unknown method {method!r}; known methods: {', '.join(known)}")
+            if fly_config(spec) is not None and method not in DRAFTERS:
+                raise ConfigError(f"{name!r}: FLy verifies drafts; only drafters take '{FLY}'")
             if "@" in name and (method not in DRAFTERS or not (budget == "auto" or budget.isdigit() and int(budget) >= 1)):
                 raise ConfigError(f"{name!r}: only drafters take a budget, as name@N or name@auto")
             if overrides:
@@ -138,14 +144,13 @@ def split_methods(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """'oilbird[sem_theta=0.6;sem_floor=false]' -> ('oilbird', {'sem_theta': '0.6', ...}).
+FLY = "+fly"  # method suffix: verify with FLy's loose (lossy) rule, e.g. 'draft+fly[fly_window=4]'
 
-    Raises:
-        ConfigError: for unbalanced brackets or an override without '='.
-    """
+
+def _split_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """'oilbird[sem_theta=0.6;sem_floor=false]' -> ('oilbird', {'sem_theta': '0.6', ...}), all overrides."""
     if "[" not in spec:
-        return spec, {}
+        return spec.strip(), {}
     method, _, rest = spec.partition("[")
     if not rest.endswith("]"):
         raise ConfigError(f"{spec!r}: overrides go in one trailing [field=value;...]")
@@ -156,6 +161,49 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
             raise ConfigError(f"{spec!r}: override {item!r} is not field=value")
         overrides[key.strip()] = value.strip()
     return method.strip(), overrides
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """The drafter of a method spec and its config overrides.
+
+    'oilbird[sem_theta=0.6;sem_floor=false]' -> ('oilbird', {'sem_theta': '0.6', ...}). FLy's
+    part ('+fly' and 'fly_*' overrides, see `fly_config`) is left out: 'draft+fly[k=10;fly_window=4]'
+    -> ('draft', {'k': '10'}).
+
+    Raises:
+        ConfigError: for unbalanced brackets or an override without '='.
+    """
+    method, overrides = _split_spec(spec)
+    return method.removesuffix(FLY), {k: v for k, v in overrides.items() if not k.startswith("fly_")}
+
+
+def fly_config(spec: str) -> FlyConfig | None:
+    """FLy's config of a method spec: None unless the method ends with '+fly'.
+
+    'draft+fly[fly_theta=0.6;fly_window=4]' -> FlyConfig(theta=0.6, window=4).
+
+    Raises:
+        ConfigError: for 'fly_*' overrides without '+fly', an unknown field or a bad value.
+    """
+    method, overrides = _split_spec(spec)
+    fly = {k.removeprefix("fly_"): v for k, v in overrides.items() if k.startswith("fly_")}
+    if not method.endswith(FLY):
+        if fly:
+            raise ConfigError(f"{spec!r}: fly_* overrides need the FLy rule: write {method}{FLY}[...]")
+        return None
+    types = field_types(FlyConfig)
+    values = {}
+    for key, text in fly.items():
+        if key not in types:
+            raise ConfigError(f"FLy has no field 'fly_{key}'; fields: {', '.join('fly_' + t for t in types)}")
+        try:
+            values[key] = types[key](text)
+        except ValueError:
+            raise ConfigError(f"{spec!r}: fly_{key}={text}: expected {types[key].__name__}") from None
+    try:
+        return FlyConfig(**values)
+    except ValueError as err:
+        raise ConfigError(f"{spec!r}: {err}") from None
 
 
 def configure(method: str, base, overrides: dict[str, str]):
@@ -184,10 +232,17 @@ def configure(method: str, base, overrides: dict[str, str]):
         raise ConfigError(f"{method}{overrides}: {err}") from None
 
 
-def build_drafter(spec: str, drafter_configs: dict):
-    """A fresh drafter for a method spec (see `BenchConfig.method_list`)."""
+def build_drafter(spec: str, drafter_configs: dict, target: LoadedModel | None = None,
+                  models: dict | None = None):
+    """A fresh drafter for a method spec (see `BenchConfig.method_list`), attached to `target`.
+
+    `models` memoises drafter models across the drafters of one run (see `Drafter.attach`).
+    """
     method, overrides = parse_spec(spec)
-    return make_drafter(method, configure(method, drafter_configs.get(method), overrides))
+    drafter = make_drafter(method, configure(method, drafter_configs.get(method), overrides))
+    if target is not None:
+        drafter.attach(target, models)
+    return drafter
 
 
 def node_budget(budget: str) -> int:
@@ -236,6 +291,10 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
             raise type(err)(f"request {request.id}: {err}") from None
 
     verifier = TreeVerifier(loaded.model, loaded.stop_ids, verifier_config or VerifierConfig())
+    # FLy methods verify with the loose rule: a verifier of their own (lossy, never audited as lossless).
+    fly_verifiers = {spec.partition("@")[0]: TreeVerifier(loaded.model, loaded.stop_ids,
+                                                           verifier_config or VerifierConfig(), fly=fly)
+                     for _, spec, _ in variants if (fly := fly_config(spec.partition("@")[0])) is not None}
 
     curve, budget_config = None, budget_config or BudgetConfig(mode="auto")
     if any(budget == "auto" for _, _, budget in variants):
@@ -256,7 +315,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                         finish_reason=None, excess_tokens=0, accepted_drafts=None,
                         accepted_sources={}, sole_sources={},
                         committed_per_forward=None, nodes_per_forward=None)
-        res = decode(verifier, drafter, ids, DecodeConfig(limit, node_budget(budget)),
+        res = decode(fly_verifiers.get(method, verifier), drafter, ids, DecodeConfig(limit, node_budget(budget)),
                      max_context=loaded.max_context, request_id=request_id,
                      tenant=config.dataset,  # one pool per dataset, as the papers serve them
                      budget_policy=policy)
@@ -266,17 +325,20 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                     excess_tokens=res.excess_tokens, accepted_drafts=res.accepted_drafts,
                     accepted_sources=res.accepted_sources, sole_sources=res.sole_sources,
                     committed_per_forward=res.committed_per_forward,
-                    nodes_per_forward=res.nodes_per_forward, drafter_stats=res.drafter_stats)
+                    nodes_per_forward=res.nodes_per_forward, drafter_stats=res.drafter_stats,
+                    lossy=res.lossy, forgiven_positions=res.forgiven_positions)
 
+    drafter_models: dict = {}  # drafter LLMs ('draft' method), loaded once per run
     # Warm-up: throw-away drafters, so nothing reaches the measured drafters' pools.
     for ids in prompts[: config.warmup]:
         greedy_reference(loaded.model, ids, min(8, config.max_new_tokens), loaded.stop_ids)
         for _, method, budget in variants:
-            drafter = build_drafter(method, drafter_configs) if parse_spec(method)[0] in DRAFTERS else None
+            drafter = (build_drafter(method, drafter_configs, loaded, drafter_models)
+                       if parse_spec(method)[0] in DRAFTERS else None)
             run(method, budget, drafter, ids, "warmup", min(8, config.max_new_tokens),
                 new_policy(method, budget))
 
-    drafters = {label: build_drafter(m, drafter_configs) for label, m, _ in variants
+    drafters = {label: build_drafter(m, drafter_configs, loaded, drafter_models) for label, m, _ in variants
                 if parse_spec(m)[0] in DRAFTERS}
     policies = {label: p for label, m, b in variants if (p := new_policy(m, b)) is not None}
     records: list[dict] = []
@@ -291,6 +353,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
             sink.write(json.dumps(record) + "\n")
             sink.flush()
 
+    grader = Grader()
     bar = tqdm(list(zip(requests, prompts)), desc=f"bench {config.dataset}", unit="req",
                disable=not progress, file=sys.stderr)
     interrupted = False
@@ -306,7 +369,15 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
             for label, method, budget in variants:
                 res = run(method, budget, drafters.get(label), ids, request.id, config.max_new_tokens,
                           policies.get(label))
-                audit = asdict(compare(res["output_ids"], ref)) if ref is not None else None
+                if ref is None:
+                    audit = None
+                elif res.get("lossy"):  # FLy: not lossless by design; count what differs instead
+                    res["differs"] = asdict(differences(res["output_ids"], ref.output_ids))
+                    audit = None
+                else:
+                    audit = asdict(compare(res["output_ids"], ref))
+                if config.grade and gradable(request):
+                    res["correct"] = grader.grade(request, loaded.decode(res["output_ids"]))
                 request_records.append(_record(label, request, ids, res, audit))
             for record in request_records:  # whole requests only: every method saw the same ones
                 emit(record)
@@ -376,11 +447,25 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
             for source in out:
                 out[source] = out[source] / drafts if drafts else 0.0
         row["semantic"] = _semantic_stats(recs)
+        graded = [r["correct"] for r in recs if r.get("correct") is not None]
+        row["graded"], row["correct"] = len(graded), sum(graded)
+        row["accuracy"] = sum(graded) / len(graded) if graded else None
+        lossy = [r for r in recs if r.get("lossy")]
+        row["lossy"] = bool(lossy)
+        if lossy:  # FLy: how far from greedy decoding the loose rule took the outputs
+            compared = [r["differs"] for r in lossy if r.get("differs")]
+            row["forgiven"] = sum(len(r.get("forgiven_positions") or []) for r in lossy)
+            row["compared"] = len(compared)
+            row["requests_differing"] = sum(d["tokens"] > 0 for d in compared)
+            row["tokens_differing"] = sum(d["tokens"] for d in compared)
         # Decode phase only: the prefill is identical across methods and dilutes the ratio.
         row["decode_tokens_per_s"] = tokens / cycle if has_split and cycle else None
         rows.append(row)
     base = next((r for r in rows if r["method"] == "ar"), None)
     for row in rows:
+        # Recovery: accuracy relative to strict verification, whose output is greedy decoding's ('ar').
+        row["recovery"] = (row["accuracy"] / base["accuracy"] if base and row["accuracy"] is not None
+                           and base.get("accuracy") else None)
         row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
         row["decode_speedup"] = (row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
                                  if base and row["decode_tokens_per_s"] and base["decode_tokens_per_s"]
@@ -417,13 +502,26 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
     lines = ["| method | requests | tokens | forwards | τ | tokens/s | speedup vs ar | decode speedup | lossless | draft % | bookkeeping % |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        audit = "reference" if r["method"] == REFERENCE else (
-            f"{r['lossless']}/{r['audited']}" if r["audited"] else "not audited")
+        if r["method"] == REFERENCE:
+            audit = "reference"
+        elif r.get("lossy"):  # never counted as lossless: how many requests left greedy's output
+            audit = (f"LOSSY: {r['requests_differing']}/{r['compared']} differ" if r.get("compared")
+                     else "LOSSY")
+        else:
+            audit = f"{r['lossless']}/{r['audited']}" if r["audited"] else "not audited"
         speedup = "–" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         decode_speedup = "–" if r["decode_speedup"] is None else f"{r['decode_speedup']:.2f}x"
         lines.append(f"| {r['method']} | {r['requests']} | {r['new_tokens']} | {r['forwards']} | "
                      f"{r['tau']:.2f} | {r['tokens_per_s']:.1f} | {speedup} | {decode_speedup} | {audit} | "
                      f"{pct(r['draft_share'])} | {pct(r['bookkeeping_share'])} |")
+    graded = [r for r in rows if r.get("graded")]
+    if graded:
+        lines.append("")
+        lines.append("Accuracy of the answers (GSM8K: the final number; HumanEval: pass@1 of its tests); "
+                     "recovery = accuracy / accuracy of ar (strict verification gives greedy's output):")
+        for r in graded:
+            recovery = "" if r["recovery"] is None else f", recovery {100 * r['recovery']:.1f}%"
+            lines.append(f"- {r['method']}: {r['correct']}/{r['graded']} = {100 * r['accuracy']:.1f}%{recovery}")
     shares = [r for r in rows if r.get("source_share")]
     if shares:
         lines.append("")
@@ -456,6 +554,8 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
                  "speedup leaves the prefill out (our loop only). draft % and bookkeeping % are "
                  "shares of the decode cycle (draft + forward + bookkeeping). "
                  f"{REFERENCE} = transformers generate(do_sample=False), the audit reference; "
+                 f"'{FLY}' rows verify with FLy's loose rule: LOSSY by design, left out of the audit, with the "
+                 "number of requests whose output differs from greedy decoding; "
                  "hf-pld forwards = all model calls of generate(prompt_lookup_num_tokens=10).")
     return "\n".join(lines)
 

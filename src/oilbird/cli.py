@@ -80,25 +80,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from oilbird.decode import DecodeConfig, decode
     from oilbird.drafters import make_drafter
+    from oilbird.fly import FlyConfig
     from oilbird.models import load_model
     from oilbird.verifier import TreeVerifier, VerifierConfig
 
     decode_config = config_from_args(DecodeConfig, args, prefix="")
+    fly = config_from_args(FlyConfig, args, prefix="fly") if args.fly else None
+    if not args.fly and any(getattr(args, f"fly__{f}", None) is not None for f in FlyConfig.__dataclass_fields__):
+        raise ConfigError("--fly-* options set FLy's rule; add --fly to use it")
     _set_threads(args)
     drafter = make_drafter(args.method, _drafter_configs(args).get(args.method))
     loaded = load_model(args.model, log=_log)
+    drafter.attach(loaded)
     if args.raw:
         ids = loaded.encode_text(args.prompt)
     else:
         ids = loaded.encode_chat([{"role": "user", "content": args.prompt}])
     verifier = TreeVerifier(loaded.model, loaded.stop_ids,
-                            config_from_args(VerifierConfig, args, prefix="verifier"))
+                            config_from_args(VerifierConfig, args, prefix="verifier"), fly=fly)
     result = decode(verifier, drafter, ids, decode_config, max_context=loaded.max_context)
     print(loaded.decode(result.output_ids))
     stats = dict(method=args.method, prompt_tokens=len(ids), new_tokens=len(result.output_ids),
                  forwards=result.forwards, tau=round(result.tau, 3),
                  tokens_per_s=round(len(result.output_ids) / result.wall_s, 2),
                  finish_reason=result.finish_reason,
+                 **(dict(lossy=True, forgiven=len(result.forgiven_positions)) if result.lossy else {}),
                  seconds=dict(prefill=round(result.prefill_s, 3), draft=round(result.draft_s, 3),
                               forward=round(result.forward_s, 3),
                               bookkeeping=round(result.bookkeeping_s, 3), wall=round(result.wall_s, 3)))
@@ -190,6 +196,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("models:  " + ", ".join(PRESETS) + " (or a .gguf file, a transformers directory, a hub id)")
     print("datasets: " + ", ".join(DATASET_NAMES) + " (or spec-bench:<category>, or a .jsonl file)")
     print("methods: " + ", ".join(sorted(DRAFTERS)) + ", hf-pld")
+    print("  append +fly to a drafter (e.g. draft+fly, pld+fly) to verify with FLy's loose rule: LOSSY, opt-in")
     return 0
 
 
@@ -239,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads_arg(gen)
     add_config_args(gen, DecodeConfig)
     add_config_args(gen, VerifierConfig, prefix="verifier")
+    gen.add_argument("--fly", action="store_true",
+                     help="verify with FLy's loose rule (LOSSY: the output may differ from greedy decoding)")
+    from oilbird.fly import FlyConfig
+    add_config_args(gen, FlyConfig, prefix="fly")
     _add_drafter_args(gen)
     gen.set_defaults(func=cmd_generate)
 

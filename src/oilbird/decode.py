@@ -55,6 +55,10 @@ class RequestResult:
     """Accepted draft tokens per source tag (a token with several tags counts for each)."""
     sole_sources: dict[str, int] = field(default_factory=dict)
     """Accepted draft tokens whose only tag is the source."""
+    lossy: bool = False
+    """True when FLy's loose rule verified the request: the output may differ from greedy decoding."""
+    forgiven_positions: list[int] = field(default_factory=list)
+    """Output indices committed by FLy's loose rule although they were not the target's argmax (empty unless FLy is on: then the output is lossy)."""
     drafter_stats: dict = field(default_factory=dict)
     """The drafter's own measurements of this request (`Drafter.request_stats`)."""
     excess_tokens: int = 0
@@ -112,7 +116,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
     check_prompt(prompt_ids, max_context)
     start = time.perf_counter()
     result = RequestResult(request_id=request_id, prompt_len=len(prompt_ids), output_ids=[],
-                           finish_reason="length")
+                           finish_reason="length", lossy=verifier.fly is not None)
     out = result.output_ids
     drafter.start_request(request_id, prompt_ids, tenant)
     try:
@@ -142,7 +146,9 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             committed = ver.committed[: config.max_new_tokens - len(out)]
             if len(committed) < len(ver.committed):  # overshoot: nobody sees the dropped tail
                 result.excess_tokens += len(ver.committed) - len(committed)
-                ver = replace(ver, committed=committed, path=ver.path[: len(committed)])
+                path = ver.path[: len(committed)]
+                ver = replace(ver, committed=committed, path=path, forgiven=[c for c in ver.forgiven if c in path])
+            result.forgiven_positions += [len(out) + ver.path.index(c) for c in ver.forgiven]
             out.extend(committed)
             result.committed_per_forward.append(len(committed))
             result.nodes_per_forward.append(len(tree))

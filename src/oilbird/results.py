@@ -98,7 +98,7 @@ def comparison_table(runs: list[Run]) -> str:
         lines = [f"**{model}**", "", head,
                  "| --- |" + " ---: | ---: |" * len(mine) + " ---: | ---: | ---: |"]
         for method in _method_order(mine):
-            cells, audited, lossless, overhead, memory = [], 0, 0, [], []
+            cells, audited, lossless, overhead, memory, lossy = [], 0, 0, [], [], False
             for run in mine:
                 row = run.rows.get(method)
                 if row is None:
@@ -110,11 +110,12 @@ def comparison_table(runs: list[Run]) -> str:
                 cells += [f"{row['tau']:.2f}", speed]
                 audited += row["audited"]
                 lossless += row["lossless"]
+                lossy = lossy or bool(row.get("lossy"))
                 if row["draft_share"] is not None:
                     overhead.append(row["draft_share"] + row["bookkeeping_share"])
                 if row.get("memory_bytes"):
                     memory.append(row["memory_bytes"])
-            audit = f"{lossless}/{audited}" if audited else "not audited"
+            audit = "LOSSY (FLy)" if lossy else (f"{lossless}/{audited}" if audited else "not audited")
             over = f"{100 * max(overhead):.1f}%" if overhead else "–"
             mem = f"{max(memory) / 2**20:.1f}" if memory else "–"
             lines.append(f"| {method} | " + " | ".join(cells) + f" | {audit} | {over} | {mem} |")

@@ -10,8 +10,11 @@ Contract:
   accepted node), cuts at a stop token, and compacts the cache to the accepted path.
 - After every forward the result exposes, for all N nodes (rejected ones included), the argmax,
   the top-k ids and the hidden state at the configured layer, for drafters that harvest them.
+- With a `FlyConfig` (opt-in, lossy) the walk is FLy's loose rule (`oilbird.fly`) instead: a
+  mismatching draft token may be committed where the target was unsure and the draft agrees again
+  right after; such nodes are listed in `Verification.forgiven`.
 
-Greedy verification is lossless by construction: every committed token is the model's argmax
+Greedy (strict) verification is lossless by construction: every committed token is the model's argmax
 given the committed prefix. The batched tree forward can still flip an argmax where the top two
 logits nearly tie, which is why the harness audits outputs against an independent greedy run.
 """
@@ -19,12 +22,13 @@ logits nearly tie, which is why the harness audits outputs against an independen
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from oilbird.errors import ModelError
+from oilbird.fly import FlyConfig, entropy, fly_walk
 from oilbird.tree import DraftTree
 
 
@@ -100,6 +104,8 @@ class Verification:
     """Seconds spent in the model forward (including argmax/top-k)."""
     bookkeeping_s: float = 0.0
     """Seconds spent on mask, walk and cache compaction."""
+    forgiven: list[int] = field(default_factory=list)
+    """Accepted nodes whose token is not the target's argmax at their parent (FLy only; empty under strict verification)."""
 
 
 class TreeVerifier:
@@ -109,12 +115,14 @@ class TreeVerifier:
         model: a transformers causal LM whose attention honours a custom 4-D mask (eager/SDPA).
         stop_ids: token ids that end a request.
         config: what to expose per forward.
+        fly: FLy's loose acceptance rule (lossy); None: strict greedy verification.
     """
 
     def __init__(self, model, stop_ids: frozenset[int] | set[int],
-                 config: VerifierConfig | None = None) -> None:
+                 config: VerifierConfig | None = None, fly: FlyConfig | None = None) -> None:
         check_tree_attention(model.config)
         self.model = model
+        self.fly = fly
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.config = config or VerifierConfig()
         self.device = next(model.parameters()).device
@@ -212,12 +220,16 @@ class TreeVerifier:
         t2 = time.perf_counter()
 
         preds = argmax.tolist()
-        path = greedy_walk(tree, preds)
+        if self.fly is None:
+            path, forgiven = greedy_walk(tree, preds), []
+        else:
+            path, forgiven = fly_walk(tree, preds, entropy(logits, self.fly.entropy).tolist(), self.fly)
         committed = [tree.tokens[c] for c in path]
         finished = False
         for i, token in enumerate(committed):
             if token in self.stop_ids:  # cut right after the stop token and drop the bonus
                 path, committed, finished = path[: i + 1], committed[: i + 1], True
+                forgiven = [c for c in forgiven if c in path]
                 break
         if not finished:
             bonus = preds[path[-1] if path else 0]
@@ -229,7 +241,7 @@ class TreeVerifier:
         t3 = time.perf_counter()
         return Verification(tree=tree, prefix_len=prefix, argmax=argmax, topk_ids=topk_ids,
                             topk_logits=topk_logits, hidden=hidden, hidden_states=states, path=path,
-                            committed=committed, finished=finished,
+                            committed=committed, finished=finished, forgiven=forgiven,
                             forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
 
 

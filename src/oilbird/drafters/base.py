@@ -2,6 +2,7 @@
 
 A drafter lives as long as a benchmark (or a server tenant) and serves requests one at a time:
 
+    drafter.attach(loaded_target)                     # once: drafters with a model of their own load it
     drafter.start_request(request_id, prompt_ids, tenant)  # a new request begins
     loop:
         tree = drafter.propose(budget)                # a DraftTree rooted at the anchor, <= budget nodes
@@ -38,6 +39,8 @@ class Drafter:
     Config: ClassVar[type] = type("NoConfig", (), {})
     needs_prefill: ClassVar[bool] = False
     """True when the drafter harvests the prefill (top-k and hidden state at every prompt position)."""
+    needs_target: ClassVar[bool] = False
+    """True when the drafter runs a model of its own and cannot draft before `attach(target)`."""
     prefill_topk: ClassVar[bool] = True
     """With `needs_prefill`: whether the prefill's top-k is wanted (it costs an LM-head pass over the prompt)."""
 
@@ -51,6 +54,18 @@ class Drafter:
     def anchor(self) -> int:
         """The last committed token: the root of the next tree."""
         return self.sequence[-1]
+
+    def attach(self, target, models: dict | None = None) -> None:
+        """Meet the target model (a `LoadedModel`) before the first request.
+
+        The harness calls this once per drafter; drafters that run a model of their own (the
+        'draft' method) load or build it here and check that it shares the target's vocabulary.
+        The rest ignore it. `models` is the harness's per-run memo of loaded models (spec ->
+        model), so several drafters of one run share one copy of the weights.
+
+        Raises:
+            ModelError: if the drafter cannot work with this target.
+        """
 
     def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
         """Begin serving a request of `tenant` whose prompt is `prompt_ids` (already committed)."""

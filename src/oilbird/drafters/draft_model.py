@@ -1,0 +1,205 @@
+"""Draft-model decoding (FLy's setting; ALGORITHMS.md §8): a small LLM drafts, the target verifies.
+
+A drafter model that shares the target's tokenizer proposes a chain of K tokens per round; the
+target verifies the chain in one forward (strict greedy verification is lossless; FLy's loose
+rule is the verifier's opt-in). With multi-level acceleration (MLA) the drafter itself is sped
+up: instead of one drafter forward per token, prompt lookup proposes up to 6 tokens from the
+context and the drafts so far, and one drafter forward verifies them greedily, exactly, so the
+drafts are the ones the drafter would have produced token by token.
+
+Lifecycle: the harness calls `attach(target)` once: it loads the drafter (a preset, file,
+directory or hub id) and refuses one whose vocabulary differs from the target's, or builds
+`self:N`, the target's own first N layers under its final norm and LM head (shared weights, no
+extra memory: a legitimate same-tokenizer drafter for fast tests). Per request the drafter keeps
+its own KV cache of what it has read; each `propose` first re-reads whatever was committed since
+(cropping the cache back to the longest prefix it agrees with), then drafts.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from oilbird.drafters.base import Drafter
+from oilbird.drafters.pld import pld_lookup
+from oilbird.drafters.registry import register
+from oilbird.errors import ConfigError, ModelError
+from oilbird.tree import DraftTree
+
+SOURCE = "draft"
+
+
+@dataclass
+class DraftModelConfig:
+    """Draft-model decoding (the FLy paper's defaults)."""
+
+    model: str = "qwen2.5-coder-0.5b"
+    """The drafter LLM: a preset, .gguf file, directory or hub id that shares the target's tokenizer, or 'self:N' (the target's own first N layers and LM head)."""
+    k: int = 15
+    """K: draft tokens per round (the paper's setting for a 70B target with an 8B drafter)."""
+    mla: bool = False
+    """Multi-level acceleration: prompt lookup proposes to the drafter, which verifies each proposal in one forward (lossless with respect to the drafter)."""
+    mla_ngram: int = 4
+    """MLA's prompt lookup: longest n-gram key."""
+    mla_tokens: int = 6
+    """MLA's prompt lookup: tokens per proposal."""
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"draft k must be >= 1, got {self.k}")
+        if self.mla_ngram < 1 or self.mla_tokens < 1:
+            raise ValueError(f"draft mla_ngram and mla_tokens must be >= 1, got {self.mla_ngram}, {self.mla_tokens}")
+        if self.model.startswith("self:") and not self.model[5:].isdigit():
+            raise ValueError(f"draft model 'self:N' needs a layer count, got {self.model!r}")
+
+
+def self_drafter(target, n_layers: int):
+    """The target's own first `n_layers` layers under its final norm and LM head, as a causal LM.
+
+    The modules are the target's (shared, not copied); only the config is new.
+
+    Raises:
+        ModelError: for a layer count out of range or an architecture without `model.layers`.
+    """
+    layers = getattr(getattr(target, "model", None), "layers", None)
+    if layers is None:
+        raise ModelError(f"cannot take the first layers of a {type(target).__name__}: it has no model.layers")
+    if not 1 <= n_layers < len(layers):
+        raise ModelError(f"a self drafter needs 1 <= N < {len(layers)} layers (the target's depth), got {n_layers}")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:n_layers]
+    with torch.device("meta"):
+        small = type(target)(config)
+    for name, module in target.model.named_children():
+        setattr(small.model, name, torch.nn.ModuleList(list(layers[:n_layers])) if name == "layers" else module)
+    for name, module in target.named_children():
+        if name != "model":
+            setattr(small, name, module)
+    if any(p.is_meta for p in small.parameters()):
+        raise ModelError(f"cannot build a self drafter from a {type(target).__name__}: some weights are not shared")
+    return small.eval()
+
+
+def check_same_vocabulary(target_tokenizer, drafter_tokenizer, target_name: str, drafter_name: str) -> None:
+    """Refuse a drafter whose tokenizer maps tokens to other ids than the target's.
+
+    Raises:
+        ModelError: naming both models and the sizes of their vocabularies.
+    """
+    a, b = target_tokenizer.get_vocab(), drafter_tokenizer.get_vocab()
+    if a != b:
+        raise ModelError(
+            f"the drafter {drafter_name!r} has another vocabulary ({len(b)} tokens) than the target "
+            f"{target_name!r} ({len(a)} tokens); draft-model decoding needs a drafter that shares the "
+            "target's tokenizer (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b), or 'self:N'")
+
+
+@register
+class DraftModelDrafter(Drafter):
+    """A chain of K tokens from a drafter LLM, optionally accelerated by prompt lookup (MLA)."""
+
+    name = "draft"
+    Config = DraftModelConfig
+    needs_target = True
+
+    def __init__(self, config=None) -> None:
+        super().__init__(config)
+        self.model = None  # the drafter causal LM, set by attach()
+        self._target = None
+        self.cache: DynamicCache | None = None
+        self.cached: list[int] = []  # the tokens whose KV is in self.cache, in order
+        self.stats = dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0)
+
+    def attach(self, target, models: dict | None = None) -> None:
+        if self._target is target:
+            return
+        spec = self.config.model
+        if spec.startswith("self:"):
+            self.model = self_drafter(target.model, int(spec[5:]))
+        else:
+            from oilbird.models import load_model
+
+            models = {} if models is None else models
+            if spec not in models:
+                models[spec] = load_model(spec, device=str(target.device))
+            loaded = models[spec]
+            check_same_vocabulary(target.tokenizer, loaded.tokenizer, target.name, spec)
+            self.model = loaded.model
+        self._target = target
+
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
+        super().start_request(request_id, prompt_ids, tenant)
+        if self.model is None:
+            raise ConfigError("the 'draft' method needs its target model: call drafter.attach(loaded) "
+                              "before decoding (oilbird bench, generate and serve do)")
+        self.cache = DynamicCache(config=self.model.config)
+        self.cached = []
+        self.stats = dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0)
+
+    def stop_request(self, request_id: str) -> None:
+        super().stop_request(request_id)
+        self.cache, self.cached = None, []
+
+    def request_stats(self) -> dict:
+        return dict(self.stats)
+
+    @torch.inference_mode()
+    def _read(self, tokens: list[int]) -> list[int]:
+        """Run the drafter over `tokens` after its cache; its argmax after each of them."""
+        device = next(self.model.parameters()).device
+        out = self.model(input_ids=torch.tensor([tokens], device=device), past_key_values=self.cache,
+                         use_cache=True)
+        self.cached += tokens
+        self.stats["drafter_forwards"] += 1
+        return out.logits[0].argmax(dim=-1).tolist()  # [len(tokens)]
+
+    def _crop(self, length: int) -> None:
+        if length < len(self.cached):
+            self.cache.crop(length - len(self.cached))  # transformers 5: a negative count to drop
+            self.cached = self.cached[:length]
+
+    def _sync(self) -> list[int]:
+        """Crop the cache to its agreement with the committed sequence; what is left to read."""
+        context = self.sequence
+        agree = 0
+        limit = min(len(self.cached), len(context) - 1)  # keep >= 1 token to read: its logits draft
+        while agree < limit and self.cached[agree] == context[agree]:
+            agree += 1
+        self._crop(agree)
+        return context[agree:]
+
+    def propose(self, budget: int) -> DraftTree:
+        k = min(self.config.k, budget - 1)
+        if k < 1:
+            return DraftTree.root(self.anchor)
+        pending = self._sync()
+        drafts = self._draft_mla(pending, k) if self.config.mla else self._draft_plain(pending, k)
+        return DraftTree.chain(self.anchor, drafts[:k], SOURCE)
+
+    def _draft_plain(self, pending: list[int], k: int) -> list[int]:
+        drafts = [self._read(pending)[-1]]
+        while len(drafts) < k:
+            drafts.append(self._read([drafts[-1]])[-1])
+        return drafts
+
+    def _draft_mla(self, pending: list[int], k: int) -> list[int]:
+        drafts: list[int] = []
+        previous: list[int] = []  # no match: reuse the last proposal (the reference code's rule)
+        while len(drafts) < k:
+            proposal = pld_lookup(self.sequence + drafts, self.config.mla_ngram, 1, self.config.mla_tokens) or previous
+            previous = proposal
+            preds = self._read(pending + proposal)[len(pending) - 1:]  # preds[i] predicts proposal[i]
+            m = 0
+            while m < len(proposal) and proposal[m] == preds[m]:
+                m += 1
+            self._crop(len(self.cached) - (len(proposal) - m))  # forget the rejected proposal tokens
+            self.stats["mla_proposed"] += len(proposal)
+            self.stats["mla_accepted"] += m
+            drafts += proposal[:m] + [preds[m]]
+            pending = [preds[m]]
+        return drafts
