@@ -132,7 +132,7 @@ def test_fly_specs_split_into_the_drafter_and_the_rule():
     assert parse_spec("draft+fly[k=10;fly_window=4]") == ("draft", {"k": "10"})
     assert fly_config("draft+fly[k=10;fly_window=4;fly_entropy=normalized]") == FlyConfig(window=4, entropy="normalized")
     assert fly_config("pld+fly") == FlyConfig() and fly_config("pld") is None
-    for spec, message in [("pld[fly_window=4]", "need the FLy rule"), ("pld+fly[fly_gate=1]", "no field"),
+    for spec, message in [("pld[fly_window=4]", "need the FLy rule"), ("pld+fly[fly_gate=1]", "no config field"),
                           ("pld+fly[fly_window=x]", "expected int"), ("pld+fly[fly_entropy=renyi]", "entropy")]:
         with pytest.raises(ConfigError, match=message):
             fly_config(spec)

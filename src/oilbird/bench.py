@@ -191,19 +191,7 @@ def fly_config(spec: str) -> FlyConfig | None:
         if fly:
             raise ConfigError(f"{spec!r}: fly_* overrides need the FLy rule: write {method}{FLY}[...]")
         return None
-    types = field_types(FlyConfig)
-    values = {}
-    for key, text in fly.items():
-        if key not in types:
-            raise ConfigError(f"FLy has no field 'fly_{key}'; fields: {', '.join('fly_' + t for t in types)}")
-        try:
-            values[key] = types[key](text)
-        except ValueError:
-            raise ConfigError(f"{spec!r}: fly_{key}={text}: expected {types[key].__name__}") from None
-    try:
-        return FlyConfig(**values)
-    except ValueError as err:
-        raise ConfigError(f"{spec!r}: {err}") from None
+    return _override(FlyConfig(), fly, f"{spec!r}", prefix="fly_")
 
 
 def configure(method: str, base, overrides: dict[str, str]):
@@ -212,24 +200,35 @@ def configure(method: str, base, overrides: dict[str, str]):
     Raises:
         ConfigError: for a field the config does not have, or a value it rejects.
     """
-    cls = DRAFTERS[method].Config
-    config = base if base is not None else cls()
+    config = base if base is not None else DRAFTERS[method].Config()
+    return _override(config, overrides, method)
+
+
+def _override(config, overrides: dict[str, str], label: str, prefix: str = ""):
+    """`config` with `overrides` (field -> text, parsed by the field's type) applied.
+
+    `label` names the owner in messages; `prefix` is how the fields are spelt in a spec.
+
+    Raises:
+        ConfigError: for a field the config does not have, or a value it rejects.
+    """
     if not overrides:
         return config
-    types = field_types(cls)
+    types = field_types(type(config))
     values = {}
     for key, text in overrides.items():
         if key not in types:
-            raise ConfigError(f"{method} has no config field {key!r}; fields: {', '.join(types)}")
+            raise ConfigError(f"{label} has no config field {prefix + key!r}; "
+                              f"fields: {', '.join(prefix + t for t in types)}")
         kind = parse_bool if types[key] is bool else types[key]
         try:
             values[key] = kind(text)
         except (ValueError, ArgumentTypeError):
-            raise ConfigError(f"{method}[{key}={text}]: expected {types[key].__name__}") from None
+            raise ConfigError(f"{label}[{prefix}{key}={text}]: expected {types[key].__name__}") from None
     try:
         return replace(config, **values)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{method}{overrides}: {err}") from None
+        raise ConfigError(f"{label}{overrides}: {err}") from None
 
 
 def build_drafter(spec: str, drafter_configs: dict, target: LoadedModel | None = None,
