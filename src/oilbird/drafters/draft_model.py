@@ -113,6 +113,7 @@ class DraftModelDrafter(Drafter):
         self._target = None
         self.cache: DynamicCache | None = None
         self.cached: list[int] = []  # the tokens whose KV is in self.cache, in order
+        self._agreed = 0  # a prefix of self.cached known to equal the committed sequence
         self.stats = dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0)
 
     def attach(self, target, models: dict | None = None) -> None:
@@ -138,12 +139,12 @@ class DraftModelDrafter(Drafter):
             raise ConfigError("the 'draft' method needs its target model: call drafter.attach(loaded) "
                               "before decoding (oilbird bench, generate and serve do)")
         self.cache = DynamicCache(config=self.model.config)
-        self.cached = []
+        self.cached, self._agreed = [], 0
         self.stats = dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0)
 
     def stop_request(self, request_id: str) -> None:
         super().stop_request(request_id)
-        self.cache, self.cached = None, []
+        self.cache, self.cached, self._agreed = None, [], 0
 
     def request_stats(self) -> dict:
         return dict(self.stats)
@@ -162,15 +163,21 @@ class DraftModelDrafter(Drafter):
         if length < len(self.cached):
             self.cache.crop(length - len(self.cached))  # transformers 5: a negative count to drop
             self.cached = self.cached[:length]
+            self._agreed = min(self._agreed, length)
 
     def _sync(self) -> list[int]:
-        """Crop the cache to its agreement with the committed sequence; what is left to read."""
+        """Crop the cache to its agreement with the committed sequence; what is left to read.
+
+        The committed sequence only grows, so the prefix that agreed at the last sync still
+        agrees: the comparison starts there instead of at token 0.
+        """
         context = self.sequence
-        agree = 0
         limit = min(len(self.cached), len(context) - 1)  # keep >= 1 token to read: its logits draft
+        agree = min(self._agreed, limit)
         while agree < limit and self.cached[agree] == context[agree]:
             agree += 1
         self._crop(agree)
+        self._agreed = len(context)  # the pending tokens are read next: all of it will agree
         return context[agree:]
 
     def propose(self, budget: int) -> DraftTree:
