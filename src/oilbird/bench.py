@@ -228,7 +228,7 @@ def _override(config, overrides: dict[str, str], label: str, prefix: str = ""):
     try:
         return replace(config, **values)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{label}{overrides}: {err}") from None
+        raise ConfigError(f"{label}: {err}") from None
 
 
 def build_drafter(spec: str, drafter_configs: dict, target: LoadedModel | None = None,
