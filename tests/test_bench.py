@@ -162,7 +162,18 @@ def test_fly_rows_are_labelled_lossy_and_left_out_of_the_audit(smol, tmp_path):
     assert "LOSSY" in summary["table"]
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     lossy = [r for r in records if r["method"].startswith("draft+fly")]
-    assert all(r["lossy"] and r["audit"] is None and "tokens" in r["differs"] for r in lossy)
+    assert all(r["lossy"] and r["audit"] is None and r["differs"]["against"] == "hf-greedy" for r in lossy)
+    # Without the audit's reference, FLy outputs are compared with ar's (greedy decoding too).
+    unaudited = run_bench(smol, BenchConfig(dataset="api-bank/level-1-api", limit=1, max_new_tokens=16,
+                                            warmup=0, budget="16", audit=False,
+                                            methods="draft+fly[model=self:4;k=6;fly_theta=0;fly_window=0]"),
+                          out_dir=tmp_path / "unaudited", progress=False)
+    assert unaudited["rows"][1]["compared"] == 1
+    records = [json.loads(line) for line in (tmp_path / "unaudited/records.jsonl").read_text().splitlines()]
+    ar, fly = records
+    assert fly["differs"]["against"] == "ar"
+    assert fly["differs"]["tokens"] == sum(a != b for a, b in zip(ar["output_ids"], fly["output_ids"])) + abs(
+        len(ar["output_ids"]) - len(fly["output_ids"]))
 
 
 def test_answers_of_gradable_requests_are_graded_per_method(smol):
@@ -175,3 +186,17 @@ def test_answers_of_gradable_requests_are_graded_per_method(smol):
     assert "Accuracy of the answers" in summary["table"]
     assert run_bench(smol, BenchConfig(dataset="spec-bench:writing", limit=1, max_new_tokens=4, warmup=0,
                                        methods="pld"), progress=False)["rows"][1]["graded"] == 0
+
+
+def test_accuracy_is_also_compared_with_ar_request_by_request():
+    from oilbird.bench import summarize
+
+    def rec(method, request, correct):
+        return dict(method=method, request_id=request, new_tokens=4, forwards=2, wall_s=1.0, correct=correct)
+
+    outcomes = {"ar": [True, True, False, False], "fly": [True, False, True, True]}
+    records = [rec(m, f"q{i}", c) for m, cs in outcomes.items() for i, c in enumerate(cs)]
+    rows = {r["method"]: r for r in summarize(records, ["ar", "fly"])}
+    assert (rows["fly"]["accuracy"], rows["fly"]["recovery"]) == (0.75, 1.5)
+    assert (rows["fly"]["lost"], rows["fly"]["gained"]) == (1, 2)  # q1 lost; q2, q3 gained
+    assert (rows["ar"]["lost"], rows["ar"]["gained"]) == (0, 0)

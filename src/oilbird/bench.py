@@ -365,15 +365,18 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
                 request_records.append(_record(REFERENCE, request, ids, dict(
                     output_ids=ref.output_ids, forwards=len(ref.output_ids), wall_s=ref.wall_s),
                     audit=None))
+            greedy = (REFERENCE, ref.output_ids) if ref is not None else None
             for label, method, budget in variants:
                 res = run(method, budget, drafters.get(label), ids, request.id, config.max_new_tokens,
                           policies.get(label))
-                if ref is None:
-                    audit = None
-                elif res.get("lossy"):  # FLy: not lossless by design; count what differs instead
-                    res["differs"] = asdict(differences(res["output_ids"], ref.output_ids))
-                    audit = None
-                else:
+                if method == "ar" and greedy is None:  # no audit: 'ar' (runs first) is greedy's output
+                    greedy = ("ar", res["output_ids"])
+                audit = None
+                if res.get("lossy"):  # FLy: not lossless by design; count what differs instead
+                    if greedy is not None:
+                        res["differs"] = dict(asdict(differences(res["output_ids"], greedy[1])),
+                                              against=greedy[0])
+                elif ref is not None:
                     audit = asdict(compare(res["output_ids"], ref))
                 if config.grade and gradable(request):
                     res["correct"] = grader.grade(request, loaded.decode(res["output_ids"]))
@@ -449,6 +452,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
         graded = [r["correct"] for r in recs if r.get("correct") is not None]
         row["graded"], row["correct"] = len(graded), sum(graded)
         row["accuracy"] = sum(graded) / len(graded) if graded else None
+        row["graded_ids"] = {r["request_id"]: r["correct"] for r in recs if r.get("correct") is not None}
         lossy = [r for r in recs if r.get("lossy")]
         row["lossy"] = bool(lossy)
         if lossy:  # FLy: how far from greedy decoding the loose rule took the outputs
@@ -465,6 +469,11 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
         # Recovery: accuracy relative to strict verification, whose output is greedy decoding's ('ar').
         row["recovery"] = (row["accuracy"] / base["accuracy"] if base and row["accuracy"] is not None
                            and base.get("accuracy") else None)
+        # Paired with ar, request by request: on a few dozen questions the ratio above is noisy,
+        # the answers FLy turned wrong (lost) or right (gained) say more.
+        both = [i for i in row["graded_ids"] if base and i in base["graded_ids"]]
+        row["lost"] = sum(base["graded_ids"][i] and not row["graded_ids"][i] for i in both) if both else None
+        row["gained"] = sum(row["graded_ids"][i] and not base["graded_ids"][i] for i in both) if both else None
         row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
         row["decode_speedup"] = (row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
                                  if base and row["decode_tokens_per_s"] and base["decode_tokens_per_s"]
@@ -520,6 +529,8 @@ def format_table(rows: list[dict], config: BenchConfig) -> str:
                      "recovery = accuracy / accuracy of ar (strict verification gives greedy's output):")
         for r in graded:
             recovery = "" if r["recovery"] is None else f", recovery {100 * r['recovery']:.1f}%"
+            if r["method"] != "ar" and r.get("lost") is not None:
+                recovery += f" (vs ar, request by request: {r['lost']} lost, {r['gained']} gained)"
             lines.append(f"- {r['method']}: {r['correct']}/{r['graded']} = {100 * r['accuracy']:.1f}%{recovery}")
     shares = [r for r in rows if r.get("source_share")]
     if shares:
