@@ -49,6 +49,9 @@ def test_report_remakes_tables_from_records(tmp_path):
     by_category = report(tmp_path, by_category=True)
     assert "### x (1 requests)" in by_category and "### y (1 requests)" in by_category
     assert "| pld | 1 | 10 | 4 | 2.50 |" in report(tmp_path, first=1)
+    # A run still in progress has no summary yet: its settings come from config.json.
+    (tmp_path / "config.json").write_text(json.dumps(dict(dataset="humaneval", max_new_tokens=99)))
+    assert "humaneval, 99 new tokens max" in report(tmp_path)
 
 
 def test_each_method_runs_at_each_budget_against_one_ar_and_auto_stays_lossless(smol, tmp_path):

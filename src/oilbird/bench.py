@@ -15,7 +15,8 @@ Contract:
   method tokens/s / `ar` tokens/s from this run.
 - Audit: every method's token ids against an independent `generate(do_sample=False)` run, with
   the first divergence and the reference's top-1/top-2 logit margin there.
-- Output: a Markdown table on stdout; `records.jsonl` (one record per request and method,
+- Output: a Markdown table on stdout; `config.json` (the run's settings, written first);
+  `records.jsonl` (one record per request and method,
   written when the request has run under every method) and `summary.json` in the output
   directory. Ctrl-C stops serving and still summarises the requests that finished.
 """
@@ -345,6 +346,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
     if out_dir is not None:  # records are written as they come, so a cut run keeps its data
         out_dir.mkdir(parents=True, exist_ok=True)
         sink = open(out_dir / "records.jsonl", "w")
+        # The run's settings now, so `oilbird report` describes a run still in progress correctly.
+        (out_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
 
     def emit(record: dict) -> None:
         records.append(record)
@@ -599,8 +602,9 @@ def report(run_dir: Path, by_category: bool = False, first: int | None = None,
     if first is not None:
         keep = set(list(dict.fromkeys(r["request_id"] for r in records))[:first])
         records = [r for r in records if r["request_id"] in keep]
-    summary_path = run_dir / "summary.json"
-    saved = json.loads(summary_path.read_text())["config"] if summary_path.exists() else {}
+    summary_path, config_path = run_dir / "summary.json", run_dir / "config.json"
+    saved = (json.loads(summary_path.read_text())["config"] if summary_path.exists()
+             else json.loads(config_path.read_text()) if config_path.exists() else {})
     if "node_budget" in saved:  # summaries written before --budget replaced --node-budget
         saved["budget"] = str(saved.pop("node_budget"))
     known = {f.name for f in fields(BenchConfig)}
