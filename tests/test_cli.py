@@ -140,3 +140,25 @@ def test_generate_with_fly_reports_a_lossy_result(capsys, smol):
 def test_fly_options_without_fly_are_refused(capsys):
     code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--fly-window", "4")
     assert code == 2 and "add --fly" in err
+
+
+def test_sigterm_stops_a_bench_run_like_ctrl_c(smol, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    # A background job of a shell script ignores SIGINT: SIGTERM (`timeout`, `kill`) must stop it cleanly.
+    proc = subprocess.Popen([sys.executable, "-m", "oilbird.cli", "bench", "--dataset", "api-bank/level-1-api",
+                             "--limit", "50", "--max-new-tokens", "8", "--methods", "pld", "--warmup", "0",
+                             "--threads", "1", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records = out / "records.jsonl"
+    deadline = time.monotonic() + 300
+    while not (records.exists() and records.read_text().count("\n") >= 3) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and 1 <= summary["requests_served"] < 50, stderr
+    assert "interrupted: summarised" in stdout and "| pld |" in stdout

@@ -18,7 +18,8 @@ Contract:
 - Output: a Markdown table on stdout; `config.json` (the run's settings, written first);
   `records.jsonl` (one record per request and method,
   written when the request has run under every method) and `summary.json` in the output
-  directory. Ctrl-C stops serving and still summarises the requests that finished.
+  directory. Ctrl-C (or SIGTERM, from `oilbird bench`) stops serving and still summarises the
+  requests that finished.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -283,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `oilbird` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # `timeout` and `kill` stop a run as Ctrl-C does: `bench` keeps and summarises what finished.
+    # (Background jobs of a non-interactive shell ignore SIGINT, so SIGTERM is their only clean stop.)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.func(args)
     except OilbirdError as err:
@@ -294,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed: not an error
         sys.stderr.close()
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
