@@ -8,7 +8,7 @@
 #   - FLy on top of the training-free drafters: pld, suffix, oilbird.
 #
 # Usage: scripts/fly_eval.sh OUT_ROOT GSM8K_LIMIT HUMANEVAL_LIMIT [MAX_NEW_TOKENS] [THREADS]
-#   e.g. scripts/fly_eval.sh results/fly 80 164 256      (the full evaluation: a GPU's job)
+#   e.g. scripts/fly_eval.sh results/fly 80 164 320      (the full evaluation: a GPU's job)
 #        scripts/fly_eval.sh results/fly-cpu 10 10 128 2 (a CPU sample)
 # Then: oilbird report OUT_ROOT/<dataset>; python scripts/fly_changes.py OUT_ROOT/<dataset>
 # (docs/FLY.md's CPU sample ran these methods as four smaller runs; see the commands there.)

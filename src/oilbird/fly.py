@@ -38,7 +38,7 @@ class FlyConfig:
     """FLy's loose acceptance (the paper's defaults). Lossy: results are labelled and never audited as lossless."""
 
     theta: float = 0.3
-    """Entropy gate θ: a mismatch is forgivable only where the target's entropy is >= θ (θ <= 0.01: no gate; θ = 1 is strict in practice)."""
+    """Entropy gate θ: a mismatch is forgivable only where the target's entropy is >= θ (θ <= 0.01: no gate; θ = 1: strict with 'normalized', nearly so with 'top3', which exceeds 1 only near a three-way tie)."""
     window: int = 6
     """Deferred window W, the mismatch included: the next W - 1 draft tokens must match exactly, and the draft must go on past them (W = 0: gate only; W >= K: strict)."""
     entropy: str = "top3"
