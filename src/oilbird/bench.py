@@ -482,6 +482,8 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
         row["decode_speedup"] = (row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
                                  if base and row["decode_tokens_per_s"] and base["decode_tokens_per_s"]
                                  else None)
+    for row in rows:  # per-request grades were only needed for the pairing: keep summaries small
+        del row["graded_ids"]
     return rows
 
 

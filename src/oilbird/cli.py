@@ -12,6 +12,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from oilbird.config import add_config_args, config_from_args
@@ -286,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # `timeout` and `kill` stop a run as Ctrl-C does: `bench` keeps and summarises what finished.
     # (Background jobs of a non-interactive shell ignore SIGINT, so SIGTERM is their only clean stop.)
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    # Only the main thread may set handlers (main() called from a worker thread leaves SIGTERM alone).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
         return args.func(args)
     except OilbirdError as err:
@@ -299,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _terminate(signum, frame) -> None:
