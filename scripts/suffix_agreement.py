@@ -39,7 +39,7 @@ def paths(tree) -> dict[tuple[int, ...], float]:
 def commit(drafter, tree, token: int) -> None:
     z = torch.zeros(len(tree), 1, dtype=torch.long)
     drafter.observe(Verification(tree=tree, prefix_len=0, argmax=z[:, 0], topk_ids=z,
-                                 topk_logits=z.float(), hidden=None, path=[], committed=[token],
+                                 topk_logits=z.float(), path=[], committed=[token],
                                  finished=False))
 
 

@@ -27,7 +27,7 @@ def fake_verification(tree, committed, token_range):
     hidden = torch.randn(n, HIDDEN, generator=gen)
     return Verification(tree=tree, prefix_len=0, argmax=topk[:, 0], topk_ids=topk,
                         topk_logits=torch.linspace(5, 0, 10).repeat(n, 1),
-                        hidden=hidden, hidden_states=(hidden,), path=[],
+                        hidden_states=(hidden,), path=[],
                         committed=committed, finished=False)
 
 
@@ -39,7 +39,7 @@ def serve(drafter, request_id, prompt, output, tenant, token_range, seen_drafts)
         hidden = torch.randn(p, HIDDEN)
         drafter.observe_prefill(PrefillObservation(prompt[:-1], topk,
                                                    torch.linspace(5, 0, 10).repeat(p, 1),
-                                                   hidden, (hidden,)))
+                                                   (hidden,)))
     for token in output:
         tree = drafter.propose(budget=32)
         seen_drafts.update(tree.tokens[1:])
@@ -91,7 +91,7 @@ def test_no_draft_from_the_current_requests_future(method):
         p = len(prompt) - 1
         hidden = torch.randn(p, HIDDEN)
         drafter.observe_prefill(PrefillObservation(prompt[:-1], torch.full((p, 10), 5000),
-                                                   torch.zeros(p, 10), hidden, (hidden,)))
+                                                   torch.zeros(p, 10), (hidden,)))
     for i, token in enumerate(future):
         tree = drafter.propose(budget=32)
         assert not set(tree.tokens[1:]) & set(future[i:]), f"{method} drafted an uncommitted token"

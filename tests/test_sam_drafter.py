@@ -15,7 +15,7 @@ def commit(drafter, tokens):
     drafter.observe(Verification(
         tree=tree, prefix_len=0, argmax=torch.zeros(n, dtype=torch.long),
         topk_ids=torch.zeros(n, 1, dtype=torch.long), topk_logits=torch.zeros(n, 1),
-        hidden=None, path=[], committed=list(tokens), finished=False))
+        path=[], committed=list(tokens), finished=False))
 
 
 def serve(drafter, rid, prompt, output, tenant="t"):

@@ -18,7 +18,7 @@ def verification(tree: DraftTree, committed: list[int]) -> Verification:
     states = STATE.repeat(n, 1)  # [n, DIM]
     return Verification(tree=tree, prefix_len=0, argmax=torch.zeros(n, dtype=torch.long),
                         topk_ids=torch.zeros(n, 10, dtype=torch.long), topk_logits=torch.zeros(n, 10),
-                        hidden=states, hidden_states=(states,), path=[], committed=committed,
+                        hidden_states=(states,), path=[], committed=committed,
                         finished=False)
 
 
@@ -27,7 +27,7 @@ def serve(drafter, request_id, prompt, output, tenant):
     drafter.start_request(request_id, prompt, tenant)
     states = STATE.repeat(len(prompt) - 1, 1)
     drafter.observe_prefill(PrefillObservation(prompt[:-1], torch.zeros(len(prompt) - 1, 0),
-                                               torch.zeros(len(prompt) - 1, 0), states, (states,)))
+                                               torch.zeros(len(prompt) - 1, 0), (states,)))
     trees = []
     for token in output:
         trees.append(drafter.propose(budget=40))
@@ -75,7 +75,7 @@ def test_the_cycle_just_committed_is_not_searchable():
     drafter.start_request("r", PROMPT, "t")
     states = STATE.repeat(len(PROMPT) - 1, 1)
     drafter.observe_prefill(PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0),
-                                               states, (states,)))
+                                               (states,)))
     tree = drafter.propose(budget=40)
     drafter.observe(verification(tree, [50]))
     assert drafter.visible == len(drafter.store) - 1  # the record of 50 waits one cycle
@@ -100,7 +100,7 @@ def test_node_budget_is_never_exceeded_and_the_key_never_opens_a_chain():
     drafter.start_request("b", [7, 8, 9], "A")  # no repetition: PLD finds nothing
     states = STATE.repeat(2, 1)
     drafter.observe_prefill(PrefillObservation([7, 8], torch.zeros(2, 0), torch.zeros(2, 0),
-                                               states, (states,)))
+                                               (states,)))
     assert len(drafter.propose(budget=40)) == 1
     trees = serve(drafter, "c", PROMPT, output(100), "A")
     assert all(len(t) <= 40 for t in trees) and semantic_tokens(trees)
@@ -114,7 +114,7 @@ def test_config_errors_are_clear():
     states = STATE.repeat(7, 1)
     with pytest.raises(ConfigError, match="sem_layer=40"):
         drafter.observe_prefill(PrefillObservation(PROMPT[:-1], torch.zeros(7, 10, dtype=torch.long),
-                                                   torch.zeros(7, 10), states, (states,)))
+                                                   torch.zeros(7, 10), (states,)))
 
 
 # --- end to end on the real model ----------------------------------------------------------

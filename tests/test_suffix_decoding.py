@@ -15,8 +15,7 @@ def commit(drafter, tokens):
     tree = DraftTree.root(drafter.anchor)
     drafter.observe(Verification(
         tree=tree, prefix_len=len(drafter.sequence) - 1, argmax=torch.zeros(1, dtype=torch.long),
-        topk_ids=torch.zeros((1, 1), dtype=torch.long), topk_logits=torch.zeros((1, 1)), hidden=None,
-        path=[], committed=list(tokens), finished=False))
+        topk_ids=torch.zeros((1, 1), dtype=torch.long), topk_logits=torch.zeros((1, 1)), path=[], committed=list(tokens), finished=False))
 
 
 def serve(drafter, request_id, prompt, response, tenant="default"):

@@ -24,7 +24,7 @@ def commit(drafter, tree, token):
     n = len(tree)
     z = torch.zeros(n, 1, dtype=torch.long)
     drafter.observe(Verification(tree=tree, prefix_len=0, argmax=z[:, 0], topk_ids=z,
-                                 topk_logits=z.float(), hidden=None, path=[], committed=[token],
+                                 topk_logits=z.float(), path=[], committed=[token],
                                  finished=False))
 
 

@@ -17,7 +17,7 @@ def fake_verification(tree: DraftTree, topk: list[list[int]], committed: list[in
     """A Verification as the verifier would build it, from hand-written top-k rows."""
     ids = torch.tensor(topk, dtype=torch.long)  # [N, k]
     return Verification(tree=tree, prefix_len=10, argmax=ids[:, 0], topk_ids=ids,
-                        topk_logits=torch.zeros(ids.shape), hidden=None, path=[],
+                        topk_logits=torch.zeros(ids.shape), path=[],
                         committed=committed, finished=False)
 
 

@@ -47,7 +47,7 @@ def test_tree_forward_matches_sequential_forwards(smol, setup):
     for node in range(len(tree)):
         ids = prompt + [tree.tokens[n] for n in tree.path_to(node)]
         hidden, logits = sequential_last_hidden(smol.model, ids)
-        assert torch.allclose(ver.hidden[node], hidden, atol=1e-3), f"node {node}"
+        assert torch.allclose(ver.hidden_states[-1][node], hidden, atol=1e-3), f"node {node}"
         assert ver.argmax[node].item() == logits.argmax().item()
         assert ver.topk_ids[node].tolist() == logits.topk(4).indices.tolist()
 
@@ -126,7 +126,7 @@ def test_prefill_observation_matches_full_logits(smol, setup):
         logits = smol.model(input_ids=torch.tensor([prompt[:-1]])).logits[0]  # [P, V]
     assert obs.tokens == prompt[:-1] and state.length == len(prompt) - 1
     assert obs.topk_ids.tolist() == logits.topk(5).indices.tolist()
-    assert obs.hidden.shape == (len(prompt) - 1, smol.model.config.hidden_size)
+    assert obs.hidden_states[-1].shape == (len(prompt) - 1, smol.model.config.hidden_size)
     # Decoding from the observed prefill is unchanged.
     ver = verifier.verify(state, DraftTree.root(prompt[-1]))
     assert ver.committed == [greedy[0]]
@@ -141,5 +141,5 @@ def test_every_layers_state_is_exposed_and_the_prefill_top_k_is_optional(smol, s
     embed = smol.model.get_input_embeddings()(torch.tensor(prompt[:-1]))  # [P, hidden]
     assert torch.allclose(obs.hidden_states[0], embed)  # index 0: the static input embedding
     ver = verifier.verify(state, DraftTree.chain(prompt[-1], greedy[:3], "test"))
-    assert len(ver.hidden_states) == layers and torch.equal(ver.hidden_states[-1], ver.hidden)
+    assert len(ver.hidden_states) == layers and ver.hidden_states[-1].shape[0] == 4
     assert ver.committed == greedy[:4]

@@ -9,7 +9,7 @@ Contract:
   when its token equals the argmax at its parent), appends the bonus token (the argmax at the last
   accepted node), cuts at a stop token, and compacts the cache to the accepted path.
 - After every forward the result exposes, for all N nodes (rejected ones included), the argmax,
-  the top-k ids and the hidden state at the configured layer, for drafters that harvest them.
+  the top-k ids and every layer's hidden state, for drafters that harvest them.
 - With a `FlyConfig` (opt-in, lossy) the walk is FLy's loose rule (`oilbird.fly`) instead: a
   mismatching draft token may be committed where the target was unsure and the draft agrees again
   right after; such nodes are listed in `Verification.forgiven`.
@@ -38,10 +38,8 @@ class VerifierConfig:
 
     top_k: int = 10
     """Top-k token ids exposed per node (the widest consumer, GOOSE's adjacency table, uses 10; Token Recycling reads the first 8)."""
-    hidden_layer: int = -1
-    """Index into the model's hidden_states tuple for the exposed hidden state (-1: last layer, after the final norm; 0: input embeddings)."""
     collect_hidden: bool = True
-    """Expose hidden states at all; off saves a little memory traffic for drafters that ignore them."""
+    """Expose every layer's hidden states (drafters pick their layer); off saves a little memory traffic for drafters that ignore them."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
@@ -70,8 +68,6 @@ class PrefillObservation:
     """[P, k] target top-k ids at every prefilled position (the prediction of the next token)."""
     topk_logits: torch.Tensor
     """[P, k] the logits of those ids."""
-    hidden: torch.Tensor | None
-    """[P, hidden] hidden state at the configured layer, or None."""
     hidden_states: tuple[torch.Tensor, ...] | None = None
     """Every layer's state, [P, hidden] each (index 0: input embeddings; -1: after the final norm), or None."""
 
@@ -90,8 +86,6 @@ class Verification:
     """[N, k] target top-k ids at every node, best first."""
     topk_logits: torch.Tensor
     """[N, k] the logits of those ids (softmax over them gives within-top-k scores)."""
-    hidden: torch.Tensor | None
-    """[N, hidden] hidden state at the configured layer for every node, or None."""
     path: list[int]
     """Accepted node indices in root-to-leaf order, root excluded (cut at a stop token)."""
     committed: list[int]
@@ -161,7 +155,7 @@ class TreeVerifier:
         if not prefix:
             empty = torch.zeros((0, k), dtype=torch.long)
             return (KVState(cache=cache, length=0, anchor=int(prompt_ids[-1])),
-                    PrefillObservation([], empty, empty.float(), None))
+                    PrefillObservation([], empty, empty.float()))
         ids = torch.tensor([prefix], device=self.device)  # [1, P]
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
                          output_hidden_states=True)
@@ -175,11 +169,9 @@ class TreeVerifier:
         else:
             topk_ids = torch.zeros((n, 0), dtype=torch.long, device=final.device)  # [P, 0]
             topk_logits = torch.zeros((n, 0), device=final.device)
-        hidden = (out.hidden_states[self.config.hidden_layer][0]  # [P, hidden]
-                  if self.config.collect_hidden else None)
-        states = tuple(h[0] for h in out.hidden_states) if self.config.collect_hidden else None
+        states = tuple(h[0] for h in out.hidden_states) if self.config.collect_hidden else None  # [P, hidden] each
         state = KVState(cache=cache, length=len(prefix), anchor=int(prompt_ids[-1]))
-        return state, PrefillObservation(list(prefix), topk_ids, topk_logits, hidden, states)
+        return state, PrefillObservation(list(prefix), topk_ids, topk_logits, states)
 
     @torch.inference_mode()
     def verify(self, state: KVState, tree: DraftTree) -> Verification:
@@ -190,7 +182,7 @@ class TreeVerifier:
             tree: a draft tree whose root token is `state.anchor`.
 
         Returns:
-            The verification: per-node argmax/top-k/hidden, accepted path and committed tokens.
+            The verification: per-node argmax/top-k/hidden states, accepted path and committed tokens.
 
         Raises:
             ValueError: if the tree's root is not the anchor.
@@ -212,9 +204,7 @@ class TreeVerifier:
         argmax = logits.argmax(dim=-1)  # [N]
         topk = logits.topk(min(self.config.top_k, logits.shape[-1]), dim=-1)
         topk_ids, topk_logits = topk.indices, topk.values  # [N, k] each
-        hidden = (out.hidden_states[self.config.hidden_layer][0]  # [N, hidden]
-                  if self.config.collect_hidden else None)
-        states = tuple(h[0] for h in out.hidden_states) if self.config.collect_hidden else None
+        states = tuple(h[0] for h in out.hidden_states) if self.config.collect_hidden else None  # [N, hidden] each
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
@@ -240,7 +230,7 @@ class TreeVerifier:
         state.anchor = committed[-1]
         t3 = time.perf_counter()
         return Verification(tree=tree, prefix_len=prefix, argmax=argmax, topk_ids=topk_ids,
-                            topk_logits=topk_logits, hidden=hidden, hidden_states=states, path=path,
+                            topk_logits=topk_logits, hidden_states=states, path=path,
                             committed=committed, finished=finished, forgiven=forgiven,
                             forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
 

@@ -1,6 +1,6 @@
 """The drafter protocol shared by every method.
 
-A drafter lives as long as a benchmark (or a server tenant) and serves requests one at a time:
+A drafter lives as long as a benchmark (or a long-running process) and serves requests one at a time:
 
     drafter.attach(loaded_target)                     # once: drafters with a model of their own load it
     drafter.start_request(request_id, prompt_ids, tenant)  # a new request begins
@@ -10,7 +10,9 @@ A drafter lives as long as a benchmark (or a server tenant) and serves requests 
     drafter.stop_request(request_id)                  # the request ended (its text may join a pool)
 
 Cross-request drafters keep one pool per *tenant* (a name chosen by the caller; the benchmark uses
-one per dataset) and never let one tenant's traffic reach another's drafts.
+one per dataset) in a `TenantMap` (oilbird/tenants.py), never let one tenant's traffic reach
+another's drafts, bound each tenant's state by a cap in their config, and forget a tenant on
+`drop_tenant(tenant)`.
 
 The drafter keeps its own copy of the committed sequence (prompt + output); `propose` roots its
 tree at the last committed token, the anchor. `observe` receives the full `Verification`: the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
 from oilbird.verifier import PrefillObservation, Verification
 
@@ -93,8 +96,24 @@ class Drafter:
         return {}
 
     def memory_bytes(self) -> int:
-        """Approximate bytes held across requests (pools, tables); 0 for stateless drafters."""
-        return 0
+        """Approximate bytes held across requests: the sum over the drafter's `TenantMap`s.
+
+        0 for drafters that keep nothing across requests.
+        """
+        return sum(m.memory_bytes() for m in self._tenant_maps())
+
+    def drop_tenant(self, tenant: str) -> None:
+        """Forget everything kept for `tenant` across requests (its pools, tables and stores).
+
+        Covers every `TenantMap` attribute of the drafter (override to drop more, e.g. a host
+        drafter's). A request of that tenant in flight keeps drafting from what it already holds;
+        the tenant starts empty at its next request. Unknown tenants are ignored.
+        """
+        for tenant_map in self._tenant_maps():
+            tenant_map.drop(tenant)
+
+    def _tenant_maps(self) -> list[TenantMap]:
+        return [value for value in vars(self).values() if isinstance(value, TenantMap)]
 
     def describe(self) -> dict:
         """Name and config, for benchmark records."""
