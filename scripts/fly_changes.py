@@ -15,7 +15,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from oilbird.bench import read_records
+from oilbird.tables import read_records
 
 
 def snippet(tokenizer, ids: list[int], start: int, stop: int) -> str:

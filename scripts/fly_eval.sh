@@ -3,7 +3,7 @@
 # (Spec-Bench's 80 math_reasoning questions) and HumanEval, everything against autoregressive
 # decoding of the target in the same run; strict draft-model decoding is audited token for token,
 # FLy rows are LOSSY and report how many outputs differ from greedy and their accuracy recovery.
-#   - strict, FLy, FLy + MLA (K = 15, θ = 0.3, W = 6), FLy with the paper's normalised entropy;
+#   - strict, FLy, FLy + MLA (K = 15, θ = 0.3, W = 6), FLy with the paper's normalized entropy;
 #   - (GSM8K) the ablations over W (0, 4, 6, 8), θ (0, 0.3, 0.6, 1) and K (10, 15, 20, 25);
 #   - FLy on top of the training-free drafters: pld, suffix, oilbird.
 #

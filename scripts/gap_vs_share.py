@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from oilbird.diagnose import spearman
+from oilbird.gap_report import spearman
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from oilbird.semantic import TraceStore, normalise
+from oilbird.semantic_store import TraceStore, normalize
 
 
 def timed(fn, repeat: int) -> float:
@@ -39,10 +39,10 @@ def main() -> None:
     print("| ---: | ---: | ---: | ---: | ---: |")
     for n in (int(s) for s in args.sizes.split(",")):
         # Clustered keys (like hidden states of repetitive traffic), not uniform noise.
-        centres = torch.randn(max(1, n // 50), args.dim, generator=gen)
-        keys = centres[torch.randint(0, centres.shape[0], (n,), generator=gen)] \
+        centers = torch.randn(max(1, n // 50), args.dim, generator=gen)
+        keys = centers[torch.randint(0, centers.shape[0], (n,), generator=gen)] \
             + 0.5 * torch.randn(n, args.dim, generator=gen)
-        queries = normalise(keys[torch.randint(0, n, (20,), generator=gen)]
+        queries = normalize(keys[torch.randint(0, n, (20,), generator=gen)]
                             + 0.3 * torch.randn(20, args.dim, generator=gen))
         exact, ann = TraceStore(args.dim, index="exact", max_records=n + 1), \
             TraceStore(args.dim, index="faiss", max_records=n + 1)

@@ -20,3 +20,12 @@ def test_shorter_or_longer_output_diverges_where_one_ends():
     assert (short.divergence, short.expected, short.got) == (2, 7, None)
     long = compare([5, 6, 7, 8, 2], REF)
     assert (long.divergence, long.expected, long.got, long.margin) == (4, None, 2, None)
+
+
+def test_differences_count_what_a_lossy_output_changed():
+    from oilbird.audit import differences
+
+    assert differences([1, 2, 3], [1, 2, 3]).tokens == 0 and differences([1, 2, 3], [1, 2, 3]).first is None
+    d = differences([1, 9, 3, 4], [1, 2, 3])
+    assert (d.tokens, d.first) == (2, 1)
+    assert differences([1, 2], [1, 2, 3]).first == 2

@@ -2,10 +2,7 @@
 
 import json
 
-import pytest
-
 from oilbird.bench import BenchConfig, run_bench
-from oilbird.errors import ConfigError
 
 
 def test_bench_runs_methods_side_by_side_and_audits(smol, tmp_path):
@@ -32,26 +29,6 @@ def test_bench_runs_methods_side_by_side_and_audits(smol, tmp_path):
         assert len(r["nodes_per_forward"]) == r["forwards"]
     assert json.loads((tmp_path / "summary.json").read_text())["rows"][2]["method"] == "pld"
     assert "| pld |" in summary["table"] and "3/3" in summary["table"]
-
-
-def test_report_remakes_tables_from_records(tmp_path):
-    from oilbird.bench import report
-
-    lines = []
-    for i, (method, tokens, forwards) in enumerate([("ar", 10, 10), ("pld", 10, 4)] * 2):
-        lines.append(json.dumps(dict(
-            method=method, request_id=f"r{i // 2}", category="x" if i < 2 else "y",
-            new_tokens=tokens, forwards=forwards, wall_s=1.0 if method == "ar" else 0.5,
-            draft_s=0.0, forward_s=0.4, bookkeeping_s=0.1, audit=dict(lossless=True))))
-    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n")
-    table = report(tmp_path)
-    assert "| pld | 2 | 20 | 8 | 2.50 | 20.0 | 2.00x |" in table
-    by_category = report(tmp_path, by_category=True)
-    assert "### x (1 requests)" in by_category and "### y (1 requests)" in by_category
-    assert "| pld | 1 | 10 | 4 | 2.50 |" in report(tmp_path, first=1)
-    # A run still in progress has no summary yet: its settings come from config.json.
-    (tmp_path / "config.json").write_text(json.dumps(dict(dataset="humaneval", max_new_tokens=99)))
-    assert "humaneval, 99 new tokens max" in report(tmp_path)
 
 
 def test_each_method_runs_at_each_budget_against_one_ar_and_auto_stays_lossless(smol, tmp_path):
@@ -82,31 +59,7 @@ def test_one_budget_keeps_plain_method_names():
     assert config.variants()[1:] == [("pld@auto", "pld", "auto"), ("goose", "goose", "60")]
 
 
-def test_method_specs_carry_config_overrides():
-    from oilbird.bench import build_drafter, split_methods
-
-    config = BenchConfig(methods="goose,oilbird[sem_entry_budget=0;sem_floor=false]@auto,oilbird", budget="60")
-    assert [v[0] for v in config.variants()] == [
-        "ar", "goose", "oilbird[sem_entry_budget=0;sem_floor=false]@auto", "oilbird"]
-    drafter = build_drafter("oilbird[sem_entry_budget=0;sem_floor=false]", {})
-    assert drafter.config.sem_entry_budget == 0 and drafter.config.sem_floor is False
-    assert build_drafter("oilbird", {}).config.sem_entry_budget > 0
-    assert split_methods("a[x=1,2],b") == ["a[x=1,2]", "b"]
-
-
-@pytest.mark.parametrize("methods, complaint", [
-    ("oilbird[sem_nothing=1]", "no config field 'sem_nothing'"),
-    ("oilbird[sem_top_k=many]", "expected int"),
-    ("oilbird[sem_top_k=0]", "sem_top_k"),
-    ("oilbird[sem_top_k]", "not field=value"),
-    ("hf-pld[x=1]", "only drafters take config overrides"),
-])
-def test_bad_method_specs_say_what_is_wrong(methods, complaint):
-    with pytest.raises(ConfigError, match=complaint):
-        BenchConfig(methods=methods).method_list()
-
-
-def test_ctrl_c_keeps_and_summarises_the_requests_that_finished(smol, tmp_path, monkeypatch):
+def test_ctrl_c_keeps_and_summarizes_the_requests_that_finished(smol, tmp_path, monkeypatch):
     import oilbird.bench as bench
 
     calls = []
@@ -128,32 +81,7 @@ def test_ctrl_c_keeps_and_summarises_the_requests_that_finished(smol, tmp_path, 
     assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
 
 
-def test_fly_specs_split_into_the_drafter_and_the_rule():
-    from oilbird.bench import fly_config, parse_spec
-    from oilbird.fly import FlyConfig
-
-    assert parse_spec("draft+fly[k=10;fly_window=4]") == ("draft", {"k": "10"})
-    assert fly_config("draft+fly[k=10;fly_window=4;fly_entropy=normalized]") == FlyConfig(window=4, entropy="normalized")
-    assert fly_config("pld+fly") == FlyConfig() and fly_config("pld") is None
-    for spec, message in [("pld[fly_window=4]", "need the FLy rule"), ("pld+fly[fly_gate=1]", "no config field"),
-                          ("pld+fly[fly_window=x]", "expected int"), ("pld+fly[fly_entropy=renyi]", "entropy")]:
-        with pytest.raises(ConfigError, match=message):
-            fly_config(spec)
-    with pytest.raises(ConfigError, match="only drafters"):
-        BenchConfig(methods="hf-pld+fly").method_list()
-    assert BenchConfig(methods="pld+fly[fly_theta=0.6],pld").method_list() == ["ar", "pld+fly[fly_theta=0.6]", "pld"]
-
-
-def test_differences_count_what_a_lossy_output_changed():
-    from oilbird.audit import differences
-
-    assert differences([1, 2, 3], [1, 2, 3]).tokens == 0 and differences([1, 2, 3], [1, 2, 3]).first is None
-    d = differences([1, 9, 3, 4], [1, 2, 3])
-    assert (d.tokens, d.first) == (2, 1)
-    assert differences([1, 2], [1, 2, 3]).first == 2
-
-
-def test_fly_rows_are_labelled_lossy_and_left_out_of_the_audit(smol, tmp_path):
+def test_fly_rows_are_labeled_lossy_and_left_out_of_the_audit(smol, tmp_path):
     config = BenchConfig(dataset="api-bank/level-1-api", limit=2, max_new_tokens=16, warmup=0, budget="16",
                          methods="draft[model=self:4;k=6],draft+fly[model=self:4;k=6;fly_theta=0;fly_window=0]")
     summary = run_bench(smol, config, out_dir=tmp_path, progress=False)
@@ -189,17 +117,3 @@ def test_answers_of_gradable_requests_are_graded_per_method(smol):
     assert "Accuracy of the answers" in summary["table"]
     assert run_bench(smol, BenchConfig(dataset="spec-bench:writing", limit=1, max_new_tokens=4, warmup=0,
                                        methods="pld"), progress=False)["rows"][1]["graded"] == 0
-
-
-def test_accuracy_is_also_compared_with_ar_request_by_request():
-    from oilbird.bench import summarize
-
-    def rec(method, request, correct):
-        return dict(method=method, request_id=request, new_tokens=4, forwards=2, wall_s=1.0, correct=correct)
-
-    outcomes = {"ar": [True, True, False, False], "fly": [True, False, True, True]}
-    records = [rec(m, f"q{i}", c) for m, cs in outcomes.items() for i, c in enumerate(cs)]
-    rows = {r["method"]: r for r in summarize(records, ["ar", "fly"])}
-    assert (rows["fly"]["accuracy"], rows["fly"]["recovery"]) == (0.75, 1.5)
-    assert (rows["fly"]["lost"], rows["fly"]["gained"]) == (1, 2)  # q1 lost; q2, q3 gained
-    assert (rows["ar"]["lost"], rows["ar"]["gained"]) == (0, 0)

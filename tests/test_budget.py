@@ -1,5 +1,7 @@
 """Hardware-aware budget: cost interpolation, counterfactual commits, and the online choice."""
 
+import json
+
 from oilbird.budget import AdaptiveBudget, BudgetConfig, CostCurve, counterfactual_commits
 
 
@@ -87,3 +89,57 @@ def test_forwards_with_nothing_to_propose_are_not_charged_a_full_budget():
         policy.observe(offered=16, tree_size=11, path=[1, 2, 3])
     assert policy.best() == 4
     assert policy.rate(4) > policy.rate(1) * 1.4
+
+
+class CallRecorder:
+    """The real model, with the options of every forward call written down (not a mock: it runs)."""
+
+    def __init__(self, model) -> None:
+        self.model, self.calls = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, **kwargs):
+        mask = kwargs.get("attention_mask")
+        self.calls.append(dict(tokens=kwargs["input_ids"].shape[1], mask=None if mask is None else tuple(mask.shape),
+                               hidden=kwargs.get("output_hidden_states")))
+        return self.model(**kwargs)
+
+
+def test_the_cost_curve_times_the_very_forward_decoding_runs(smol):
+    """At every size, the measured call has the options of decoding's own (no mask at N = 1,
+    the verifier's hidden states), so the curve's N = 1 is the real autoregressive step."""
+    from oilbird.budget import measure_cost_curve
+    from oilbird.decode import DecodeConfig, decode
+    from oilbird.drafters import make_drafter
+    from oilbird.verifier import TreeVerifier, VerifierConfig
+
+    for config in (VerifierConfig(), VerifierConfig(collect_hidden=False)):
+        recorder = CallRecorder(smol.model)
+        verifier = TreeVerifier(recorder, smol.stop_ids, config)
+        prompt = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2]  # repeats: PLD drafts chains, ar drafts none
+        for method in ("ar", "pld"):
+            decode(verifier, make_drafter(method), prompt, DecodeConfig(max_new_tokens=6, node_budget=4),
+                   max_context=smol.max_context)
+        decoding = {(c["tokens"], c["mask"], c["hidden"]) for c in recorder.calls[1:] if c["tokens"] <= 4}
+        recorder.calls.clear()
+        curve = measure_cost_curve(verifier, [1, 4], prefix_len=16, repeats=1)
+        measured = {(c["tokens"], c["mask"], c["hidden"]) for c in recorder.calls[1:]}  # [0]: its prefill
+        assert curve.points.keys() == {1, 4}
+        assert (1, None, config.collect_hidden) in decoding
+        assert {m for m in measured if m[0] == 1} == {(1, None, config.collect_hidden)}
+        assert all(m[2] == config.collect_hidden for m in measured)
+
+
+def test_the_cost_curve_is_kept_per_verifier_option(smol, tmp_path):
+    from oilbird.budget import BudgetConfig, load_or_measure
+    from oilbird.fly import FlyConfig
+    from oilbird.verifier import TreeVerifier, VerifierConfig
+
+    config = BudgetConfig(grid="1,2", cost_prefix=16)
+    keys = {load_or_measure(smol, TreeVerifier(smol.model, smol.stop_ids, options, fly=fly), config, tmp_path).key
+            for options, fly in ((VerifierConfig(), None), (VerifierConfig(collect_hidden=False), None),
+                                 (VerifierConfig(), FlyConfig()))}
+    assert len(keys) == 3
+    assert len(json.loads((tmp_path / "cost-curves.json").read_text())) == 3

@@ -104,9 +104,9 @@ def test_diagnose_refuses_a_bad_dataset_before_loading_a_model(capsys, monkeypat
 
 
 def test_diagnose_prints_the_table_and_writes_its_files(capsys, tmp_path, smol, monkeypatch):
-    import oilbird.diagnose
+    import oilbird.gap_replay
 
-    monkeypatch.setattr(oilbird.diagnose, "default_cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(oilbird.gap_replay, "default_cache_dir", lambda: tmp_path / "cache")
     code, out, _ = run_cli(capsys, "diagnose", "--dataset", "api-bank/level-2-api", "--limit", "2",
                            "--max-new-tokens", "6", "--diagnosis-within-request", "true", "--no-progress",
                            "--out", str(tmp_path / "out"), "--plot", str(tmp_path / "d.png"))
@@ -161,4 +161,36 @@ def test_sigterm_stops_a_bench_run_like_ctrl_c(smol, tmp_path):
     stdout, stderr = proc.communicate(timeout=120)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] and 1 <= summary["requests_served"] < 50, stderr
-    assert "interrupted: summarised" in stdout and "| pld |" in stdout
+    assert "interrupted: summarized" in stdout and "| pld |" in stdout
+
+
+def test_bench_exits_3_after_writing_its_outputs_when_a_strict_method_diverges(capsys, smol, tmp_path, monkeypatch):
+    import oilbird.bench as bench
+
+    args = ["bench", "--dataset", "api-bank/level-1-api", "--max-new-tokens", "6", "--methods", "pld",
+            "--warmup", "0", "--no-progress"]
+    code, out, err = run_cli(capsys, *args, "--limit", "1", "--out", str(tmp_path / "good"))
+    assert code == 0 and "audit failed" not in err and "FAILED 0" not in out and "AUDIT FAILED" not in out
+
+    real = bench.greedy_reference
+
+    def disagreeing_reference(model, ids, max_new_tokens, stop_ids):
+        ref = real(model, ids, max_new_tokens, stop_ids)
+        ref.output_ids[2] += 1  # a reference the (correct) outputs cannot match at token 2
+        return ref
+
+    monkeypatch.setattr(bench, "greedy_reference", disagreeing_reference)
+    run = tmp_path / "bad"
+    code, out, err = run_cli(capsys, *args, "--limit", "2", "--out", str(run))
+    assert code == 3
+    assert [line for line in err.splitlines() if "audit failed" in line] == [
+        f"oilbird: audit failed: 4 request(s) of ar, pld differ from greedy decoding "
+        f"(see the DIVERGENCE lines; records in {run})"]
+    assert "| pld | 2 |" in out and "FAILED 0/2" in out and "DIVERGENCE pld level-1-api/0: token 2" in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["audit_failed"] == ["ar", "pld"] and summary["requests_served"] == 2
+    assert (run / "records.jsonl").read_text().count("\n") == 2 * 3
+    code, out, _ = run_cli(capsys, "report", str(run))  # the saved run says so too
+    assert code == 0 and "AUDIT FAILED: pld: 2 of 2 requests" in out
+    code, out, _ = run_cli(capsys, "table", str(run))
+    assert code == 0 and "| pld |" in out and "FAILED 0/2" in out and "AUDIT FAILED: pld" in out

@@ -46,7 +46,7 @@ def test_invalid_values_raise_config_error():
 
 
 def test_inherited_fields_keep_their_docstrings_and_options():
-    from oilbird.drafters.semantic import OilbirdConfig
+    from oilbird.drafters.oilbird import OilbirdConfig
 
     docs = field_docs(OilbirdConfig)
     assert docs["sem_theta"].startswith("Entry floor")  # from SemanticConfig

@@ -60,3 +60,22 @@ def test_bad_prompts_are_refused_with_lengths(smol):
         decode(verifier, make_drafter("ar"), [], max_context=smol.max_context)
     with pytest.raises(PromptError, match=r"20 tokens .* context is 10 tokens"):
         decode(verifier, make_drafter("ar"), list(range(1, 21)), max_context=10)
+
+
+def test_the_drafters_observe_is_drafter_time_not_bookkeeping(smol, api_bank_prompts):
+    """Harvesting into pools is the drafter's cost: it must not inflate the verifier's bookkeeping."""
+    import time
+
+    from oilbird.drafters.pld import PromptLookup
+
+    class SlowHarvest(PromptLookup):
+        def observe(self, verification):
+            time.sleep(0.02)  # stands in for an expensive harvest (pools, stores)
+            super().observe(verification)
+
+    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    result = decode(verifier, SlowHarvest(), api_bank_prompts[0], DecodeConfig(max_new_tokens=8),
+                    max_context=smol.max_context)
+    assert result.observe_s >= 0.02 * result.forwards
+    assert result.drafter_s == result.propose_s + result.observe_s
+    assert result.bookkeeping_s < 0.02 * result.forwards  # mask, walk, compaction and accounting only

@@ -1,10 +1,12 @@
-"""GOOSE on hand-built token lists: confidence, consensus, extension, adjacency tiers, tree shape."""
+"""GOOSE on hand-built token lists: confidence, consensus, extension, successor tiers, tree shape, caps."""
 
+import pytest
 import torch
 
 from oilbird.drafters import make_drafter
-from oilbird.drafters.goose import (AdjacencyTable, ContextMatcher, GooseConfig, build_goose_tree,
-                                    chain_confidence, propose_spine)
+from oilbird.drafters.goose import (ContextMatcher, GooseConfig, SuccessorTable, _row_bytes,
+                                    build_goose_tree, chain_confidence, propose_spine)
+from oilbird.verifier import PrefillObservation
 
 
 def test_confidence_rule():
@@ -35,8 +37,8 @@ def test_confident_chain_is_extended_by_rematching():
     assert chain[4:6] == [8, 9]
 
 
-def test_adjacency_bigram_tier_wins_over_unigram():
-    table = AdjacencyTable()
+def test_bigram_tier_wins_over_unigram():
+    table = SuccessorTable()
     logits = torch.tensor([[3.0, 1.0], [5.0, 0.0]])
     table.harvest([10, 10], [None, 4], torch.tensor([[11, 12], [13, 14]]), logits, k=2)
     assert [t for t, _ in table.successors(4, 10, use_bigram=True)] == [13, 14]
@@ -46,7 +48,7 @@ def test_adjacency_bigram_tier_wins_over_unigram():
 
 
 def filled_table(vocab=range(1, 40)):
-    table = AdjacencyTable()
+    table = SuccessorTable()
     for token in vocab:  # each token's successors: token+1 (likely), token+2, token+3
         table.unigram[token] = ([token + 1, token + 2, token + 3], [0.6, 0.3, 0.1])
     return table
@@ -66,15 +68,15 @@ def test_tree_respects_budget_depth_and_tags_shared_nodes():
     assert branch_nodes and all(tree.sources[n] == {"tr"} for n in branch_nodes)
 
 
-def test_no_spine_gives_a_pure_adjacency_tree_and_empty_table_gives_ar():
+def test_no_spine_gives_a_pure_table_tree_and_empty_table_gives_ar():
     cfg = GooseConfig()
     tree, spine = build_goose_tree(1, None, [], 0.0, 0.5, filled_table(), cfg, budget=20)
     assert not spine and 1 < len(tree) <= 20
-    tree, _ = build_goose_tree(1, None, [], 0.0, 0.5, AdjacencyTable(), cfg, budget=20)
+    tree, _ = build_goose_tree(1, None, [], 0.0, 0.5, SuccessorTable(), cfg, budget=20)
     assert len(tree) == 1
 
 
-def test_adjacency_tables_are_per_tenant():
+def test_successor_tables_are_per_tenant():
     drafter = make_drafter("goose")
     drafter.start_request("a", [1, 2], "A")
     drafter.table.unigram[2] = ([50, 51], [0.9, 0.1])
@@ -82,6 +84,69 @@ def test_adjacency_tables_are_per_tenant():
     assert not {50, 51} & set(drafter.propose(budget=20).tokens)
     drafter.start_request("a2", [1, 2], "A")
     assert 50 in drafter.propose(budget=20).tokens  # same tenant: the table persisted
+
+
+# --- the row cap and the tenants (hand-built harvests) ---------------------------------------
+
+def harvest(table, tokens, prevs, first_id=100):
+    """Harvest one made-up top-2 row per position: ids first_id + position, first_id + position + 1."""
+    n = len(tokens)
+    ids = torch.tensor([[first_id + i, first_id + i + 1] for i in range(n)])
+    table.harvest(tokens, prevs, ids, torch.tensor([[1.0, 0.0]] * n), k=2)
+
+
+def test_each_tier_evicts_its_least_recently_written_row_first():
+    table = SuccessorTable(max_rows=3, top_k=2)
+    harvest(table, [1, 2, 3], [None, 1, 2])  # unigram 1, 2, 3; bigram (1, 2), (2, 3)
+    harvest(table, [1], [3], first_id=200)   # overwrites unigram 1: now the newest row
+    assert list(table.unigram) == [2, 3, 1] and list(table.bigram) == [(1, 2), (2, 3), (3, 1)]
+    harvest(table, [4], [1], first_id=300)   # both tiers full: each evicts its oldest row
+    assert list(table.unigram) == [3, 1, 4]  # 2 went, not the older-but-rewritten 1
+    assert list(table.bigram) == [(2, 3), (3, 1), (1, 4)]
+    assert table.evicted_rows == 2
+    assert [t for t, _ in table.successors(None, 1, True)] == [200, 201]  # the rewritten row
+    assert table.successors(None, 2, True) == []  # an evicted row proposes nothing
+    table.successors(3, 1, True)  # reading a row does not refresh it
+    harvest(table, [5], [None], first_id=400)
+    assert list(table.unigram) == [1, 4, 5]
+
+
+def test_a_long_run_stays_within_the_cap_and_its_memory_bound():
+    drafter = make_drafter("goose", GooseConfig(max_rows=50, top_k=2))
+    for r in range(20):  # 20 prompts of 12 fresh tokens: 220 unigram, 200 bigram rows offered
+        prompt = [1000 * r + i for i in range(12)]
+        drafter.start_request(f"r{r}", prompt, "t")
+        p = len(prompt) - 1
+        ids = torch.tensor([[t + 1, t + 2] for t in prompt[:-1]])
+        drafter.observe_prefill(PrefillObservation(prompt[:-1], ids, torch.tensor([[1.0, 0.0]] * p)))
+        drafter.stop_request(f"r{r}")
+    table = drafter.tables.get("t")
+    assert len(table.unigram) == 50 and len(table.bigram) == 50  # filled, never passed
+    assert table.evicted_rows == (220 - 50) + (200 - 50)
+    assert min(table.unigram) == 15005  # the last 50 written keys survive: 4 x 11, then 6 of r15
+    assert drafter.memory_bytes() == table.memory_bytes() <= 2 * 50 * _row_bytes(2)
+
+
+def test_max_rows_must_be_positive():
+    with pytest.raises(ValueError, match="max_rows"):
+        GooseConfig(max_rows=0)
+    with pytest.raises(ValueError, match="max_rows"):
+        SuccessorTable(max_rows=0)
+
+
+def test_drop_tenant_forgets_only_that_tenants_table():
+    drafter = make_drafter("goose")
+    for tenant, token in (("A", 50), ("B", 60)):
+        drafter.start_request(tenant, [1, 2], tenant)
+        harvest(drafter.table, [2], [1], first_id=token)
+        drafter.stop_request(tenant)
+    both = drafter.memory_bytes()
+    drafter.drop_tenant("A")
+    assert drafter.tables.tenants() == ["B"] and 0 < drafter.memory_bytes() < both
+    drafter.start_request("a2", [1, 2], "A")
+    assert not {50, 51} & set(drafter.propose(budget=20).tokens)  # A starts empty
+    drafter.start_request("b2", [1, 2], "B")
+    assert 60 in drafter.propose(budget=20).tokens  # B kept its table
 
 
 def test_goose_output_equals_greedy_on_api_bank(serve_api_bank):
@@ -103,6 +168,6 @@ def test_prefill_harvest_can_be_turned_off(smol):
         drafter = make_drafter("goose", GooseConfig(harvest_prefill=harvest))
         assert drafter.needs_prefill is harvest
         decode(verifier, drafter, prompt, DecodeConfig(max_new_tokens=1), max_context=smol.max_context)
-        tables[harvest] = len(drafter.tables["default"].unigram)
+        tables[harvest] = len(drafter.tables.get("default").unigram)
     # One forward harvests at most its one-node tree; the prefill adds every prompt position.
     assert tables[False] <= 1 < len(prompt) // 2 <= tables[True]

@@ -4,6 +4,7 @@ import pytest
 
 from oilbird.errors import ConfigError
 from oilbird.pool import Pool, PoolConfig, TokenStore
+from oilbird.tenants import TenantMap
 
 
 def test_request_enters_only_when_added():
@@ -16,12 +17,12 @@ def test_request_enters_only_when_added():
 
 def test_tenants_are_isolated():
     pool = Pool()
-    pool.store("A").add_request("a1", [10, 11, 12, 13])
-    assert pool.store("B").sam.match([10, 11])[1] == 0
-    assert pool.store("A").sam.match([10, 11])[1] == 2
+    pool.get("A").add_request("a1", [10, 11, 12, 13])
+    assert pool.get("B").sam.match([10, 11])[1] == 0
+    assert pool.get("A").sam.match([10, 11])[1] == 2
     assert pool.tenants() == ["A", "B"]
     with pytest.raises(ConfigError):
-        pool.store("")
+        pool.get("")
 
 
 def test_oldest_requests_are_evicted_and_automaton_rebuilt():
@@ -43,3 +44,29 @@ def test_memory_grows_with_content():
     empty = store.memory_bytes()
     store.add_request("r", list(range(100)))
     assert store.memory_bytes() > empty
+
+
+def test_pool_is_a_tenant_map_whose_drop_forgets_a_store():
+    pool = Pool(PoolConfig(max_tokens=6))
+    assert isinstance(pool, TenantMap)  # so Drafter.drop_tenant and memory_bytes cover it
+    pool.get("A").add_request("a1", [1, 2, 3])
+    pool.get("B").add_request("b1", [4, 5])
+    assert pool.get("A").config.max_tokens == 6  # every store gets the pool's cap
+    both = pool.memory_bytes()
+    assert both == pool.get("A").memory_bytes() + pool.get("B").memory_bytes()
+    assert pool.drop("A") and pool.tenants() == ["B"] and 0 < pool.memory_bytes() < both
+    assert pool.get("A").sam.match([1, 2])[1] == 0  # A comes back empty
+
+
+def test_the_cap_bounds_a_long_run_and_what_the_automaton_indexes():
+    cap = 21
+    store, uncapped = TokenStore(PoolConfig(max_tokens=cap)), TokenStore()
+    for r in range(50):
+        tokens = [100 * r + i for i in range(7)]
+        store.add_request(f"r{r}", tokens)
+        uncapped.add_request(f"r{r}", tokens)
+        # The automaton indexes at most twice the cap (it is rebuilt once half is evicted).
+        assert store.num_tokens <= cap and store._indexed_tokens <= 2 * cap
+    assert [rid for rid, _ in store.requests] == ["r47", "r48", "r49"]  # oldest evicted first
+    assert store.evicted_requests == 47
+    assert store.memory_bytes() * 8 < uncapped.memory_bytes()  # 350 tokens held vs at most 42

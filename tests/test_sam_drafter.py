@@ -58,7 +58,7 @@ def test_no_leakage_of_the_current_request_into_the_pool():
     drafter.start_request("r1", [1, 2, 3], "t")
     commit(drafter, [70, 71])
     # While r1 runs, another request of the tenant must not see r1's text.
-    other = drafter.pool.store("t")
+    other = drafter.pool.get("t")
     assert other.sam.match([70])[1] == 0
     drafter.stop_request("r1")
     assert other.sam.match([70, 71])[1] == 2
@@ -74,6 +74,21 @@ def test_back_off_adds_other_continuations_within_budget():
     first_level = {tree.tokens[c] for c in tree.children(0)}
     assert first_level == {3, 4, 6}  # "1 2" -> 3, 4; back-off to "2" adds 6
     assert len(drafter.propose(budget=3)) <= 3
+
+
+def test_pool_cap_evicts_the_oldest_requests_and_drop_tenant_forgets_the_pool():
+    drafter = make_drafter("sam", SAMConfig(pool_max_tokens=10))
+    for r in range(4):  # 5 tokens each: the store keeps the last two
+        serve(drafter, f"r{r}", [100 * r, 100 * r + 1], [100 * r + 2, 100 * r + 3, 100 * r + 4])
+    store = drafter.pool.get("t")
+    assert [rid for rid, _ in store.requests] == ["r2", "r3"] and store.num_tokens == 10
+    serve(drafter, "other", [7, 8], [9], tenant="u")
+    both = drafter.memory_bytes()
+    assert both == store.memory_bytes() + drafter.pool.get("u").memory_bytes()
+    drafter.drop_tenant("t")
+    assert drafter.pool.tenants() == ["u"] and 0 < drafter.memory_bytes() < both
+    drafter.start_request("again", [9, 301, 302], "t")
+    assert len(drafter.propose(budget=10)) == 1  # t's old pool is gone: nothing to draft
 
 
 def test_sam_output_equals_greedy_on_api_bank(serve_api_bank):

@@ -5,7 +5,7 @@ import torch
 
 import oilbird.drafters.suffix_decoding  # noqa: F401  (import registers "suffix")
 from oilbird.drafters.registry import make_drafter
-from oilbird.drafters.suffix_decoding import SuffixDecoding, SuffixDecodingConfig
+from oilbird.drafters.suffix_decoding import ResponseCache, SuffixDecoding, SuffixDecodingConfig
 from oilbird.tree import DraftTree
 from oilbird.verifier import Verification
 
@@ -35,7 +35,8 @@ def test_registered_with_arctic_defaults():
     assert isinstance(drafter, SuffixDecoding)
     assert drafter.describe() == {"name": "suffix", "config": {
         "max_depth": 64, "max_spec_factor": 1.0, "max_spec_offset": 0.0, "min_token_prob": 0.1,
-        "max_cached_requests": 100000, "use_tree": True, "max_spec_tokens": 0}}
+        "max_cached_requests": 100000, "max_cached_tokens": 1_000_000, "use_tree": True,
+        "max_spec_tokens": 0}}
 
 
 def test_bad_config_is_refused():
@@ -126,7 +127,7 @@ def test_fifo_eviction_past_max_cached_requests():
     drafter = make_drafter("suffix", SuffixDecodingConfig(max_cached_requests=2))
     for name, first in [("a", 40), ("b", 50), ("c", 60)]:
         serve(drafter, name, [0], [first, first + 1, first + 2])
-    cache = drafter.caches["default"]
+    cache = drafter.caches.get("default")
     assert list(cache.seq_ids) == ["b", "c"]  # "a" went when "c" started (the active one counts)
     drafter.start_request("d", [9, 60])  # starting "d" evicts "b" too
     assert list(cache.seq_ids) == ["c", "d"]
@@ -164,6 +165,88 @@ def test_global_wins_when_better_and_local_wins_ties():
     drafter.start_request("r2", [5, 6, 7, 8, 5, 6])
     # Local 7 8 at p = 1/2 and global 1 at p = 1 both score 1: the local draft is kept.
     assert drafted(drafter.propose(64)) == [7, 8]
+
+
+# --- the token cap and the tenants --------------------------------------------------------------
+
+def test_token_cap_evicts_the_oldest_responses_first():
+    drafter = make_drafter("suffix", SuffixDecodingConfig(max_cached_tokens=7))
+    serve(drafter, "a", [0], [40, 41, 42])
+    serve(drafter, "b", [0], [50, 51, 52])
+    cache = drafter.caches.get("default")
+    drafter.start_request("c", [0])
+    commit(drafter, [60])  # 3 + 3 + 1 = 7 tokens: all fit
+    assert list(cache.seq_ids) == ["a", "b", "c"] and cache.num_tokens == 7
+    commit(drafter, [61])  # the 8th token: the oldest response, a, makes room
+    assert list(cache.seq_ids) == ["b", "c"] and cache.num_tokens == 5
+    commit(drafter, [62])
+    drafter.stop_request("c")
+    assert cache.tree.speculate([9, 40], 5).token_ids == []  # a is gone from the tree
+    assert cache.tree.speculate([9, 50], 5).token_ids == [51]
+    assert cache.tree.speculate([9, 60], 5).token_ids == [61]
+    cache.tree.check()
+    serve(drafter, "d", [0], [70, 71])  # 6 + 2 > 7: b goes
+    assert list(cache.seq_ids) == ["c", "d"] and cache.num_tokens == 5
+
+
+def test_a_response_alone_over_the_cap_stops_growing_in_the_global_tree():
+    drafter = make_drafter("suffix", SuffixDecodingConfig(max_cached_tokens=4))
+    serve(drafter, "old", [0], [30, 31])
+    drafter.start_request("long", [0, 1, 2, 3])
+    cache = drafter.caches.get("default")
+    for token in [5, 6, 7, 8, 9, 10, 11, 9]:
+        commit(drafter, [token])
+        assert cache.num_tokens <= 4
+    assert list(cache.seq_ids) == ["long"]  # its own growth evicted only the older response
+    assert cache.tree.sequence(cache.seq_ids["long"]) == [5, 6, 7, 8]  # its first 4 tokens
+    assert cache.tree.speculate([9], 5).token_ids == []
+    assert drafted(drafter.propose(64)) == [10]  # "9 10" is only in the local tree: still drafted
+    drafter.stop_request("long")
+
+
+def test_memory_stays_bounded_over_a_long_run():
+    cap = 40
+    drafter = make_drafter("suffix", SuffixDecodingConfig(max_cached_tokens=cap))
+    for r in range(30):
+        serve(drafter, f"r{r}", [0], [1000 * r + i for i in range(9)])
+        cache = drafter.caches.get("default")
+        assert cache.num_tokens <= cap and cache.num_tokens == sum(cache.lengths.values())
+        cache.tree.check()
+    assert list(cache.seq_ids) == [f"r{r}" for r in range(26, 30)]  # 4 x 9 = 36 <= 40 < 45
+    # At most two nodes per stored suffix, plus the root.
+    assert drafter.memory_bytes() == cache.memory_bytes() <= 650 * (1 + 2 * cap)
+
+
+def test_a_response_evicted_by_another_request_is_not_brought_back():
+    cache = ResponseCache(max_depth=8, max_requests=1, max_tokens=100)
+    first = cache.open("r1")
+    assert cache.append(first, 5)
+    cache.open("r2")  # the request cap evicts r1 while it may still be decoding
+    assert not cache.append(first, 6) and first not in cache.tree
+    assert cache.num_tokens == 0
+
+
+def test_zero_cached_tokens_uses_only_the_local_tree():
+    drafter = make_drafter("suffix", SuffixDecodingConfig(max_cached_tokens=0))
+    serve(drafter, "r1", [0], [7, 8, 9])
+    drafter.start_request("r2", [1, 7])
+    assert drafted(drafter.propose(64)) == [] and drafter.caches.get("default").num_tokens == 0
+    with pytest.raises(ValueError, match="max_cached_tokens"):
+        SuffixDecodingConfig(max_cached_tokens=-1)
+
+
+def test_drop_tenant_forgets_only_that_tenants_responses():
+    drafter = make_drafter("suffix")
+    serve(drafter, "a", [0], [5, 6, 7, 8], tenant="A")
+    serve(drafter, "b", [0], [5, 6, 1, 2], tenant="B")
+    both = drafter.memory_bytes()
+    drafter.drop_tenant("A")
+    assert drafter.caches.tenants() == ["B"] and 0 < drafter.memory_bytes() < both
+    drafter.start_request("a2", [9, 5, 6], tenant="A")
+    assert drafted(drafter.propose(64)) == []  # A starts empty
+    drafter.stop_request("a2")
+    drafter.start_request("b2", [9, 5, 6], tenant="B")
+    assert drafted(drafter.propose(64)) == [1, 2]  # B kept its responses
 
 
 # --- end to end on the real model (loads SmolLM2; slow) -----------------------------------------

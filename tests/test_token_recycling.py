@@ -156,7 +156,62 @@ def test_tenants_are_isolated():
     drafter.stop_request("b0")
     drafter.start_request("a1", [1], tenant="a")
     assert drafter.propose(81).tokens[:2] == [1, 2]  # and b's row did not overwrite a's
-    assert set(drafter.tables) >= {"a", "b"}
+    assert set(drafter.tables.tenants()) >= {"a", "b"}
+
+
+def test_drop_tenant_forgets_only_that_tenants_table():
+    drafter = make_drafter("tr")
+    for tenant, token in (("a", 2), ("b", 5)):
+        drafter.start_request(tenant, [1], tenant=tenant)
+        drafter.observe(fake_verification(DraftTree.root(1), [[token] * 10], [token]))
+        drafter.stop_request(tenant)
+    both = drafter.memory_bytes()
+    drafter.drop_tenant("a")
+    assert drafter.tables.tenants() == ["b"] and 0 < drafter.memory_bytes() < both
+    drafter.start_request("a1", [1], tenant="a")
+    assert drafter.propose(81).tokens == [1]  # a starts empty
+    drafter.start_request("b1", [1], tenant="b")
+    assert drafter.propose(81).tokens[:2] == [1, 5]  # b kept its table
+
+
+# --- the row cap ------------------------------------------------------------------------------
+
+def test_a_full_table_evicts_the_least_recently_written_row():
+    table = AdjacencyTable(k=2, max_rows=3)
+    table.update([1, 2, 3], [[10, 11], [20, 21], [30, 31]])
+    table.update([1], [[12, 13]])  # overwriting 1 makes it the newest row
+    assert list(table.rows) == [2, 3, 1]
+    table.row(2)  # reading does not refresh
+    table.update([4], [[40, 41]])
+    assert list(table.rows) == [3, 1, 4] and not table.observed(2)  # 2 went, not 1
+    assert table.row(1) == [12, 13] and table.evicted_rows == 1
+    table.update([5, 6, 5], [[50, 51], [60, 61], [52, 53]])  # one forward past the cap
+    assert list(table.rows) == [4, 6, 5] and table.row(5) == [52, 53]
+    assert table.evicted_rows == 3
+
+
+def test_the_cap_bounds_a_long_run_and_its_memory():
+    drafter = make_drafter("tr", TokenRecyclingConfig(max_rows=40))
+    for r in range(10):  # 10 requests x 8 forwards x 2 fresh input tokens: 160 rows written
+        drafter.start_request(f"r{r}", [1000 * r], tenant="t")
+        for i in range(8):
+            anchor = drafter.anchor
+            tree = DraftTree.root(anchor)
+            tree.add(0, anchor + 1, "tr")
+            drafter.observe(fake_verification(tree, [[anchor + 2] * 10, [anchor + 2] * 10],
+                                              [anchor + 2]))
+        drafter.stop_request(f"r{r}")
+    table = drafter.tables.get("t")
+    assert len(table) == 40 and table.evicted_rows == 160 - 40
+    assert min(table.rows) == 7008  # the newest 40 rows: all 16 of r9 and r8, the last 8 of r7
+    assert drafter.memory_bytes() == table.memory_bytes() == 40 * (100 + 32 + 56 + 40 * 8)
+
+
+def test_max_rows_must_be_positive():
+    with pytest.raises(ValueError, match="max_rows"):
+        TokenRecyclingConfig(max_rows=0)
+    with pytest.raises(ValueError, match="max_rows"):
+        AdjacencyTable(8, max_rows=0)
 
 
 # --- end to end on the real model (loads SmolLM2; slow) --------------------------------------

@@ -8,7 +8,7 @@ from oilbird.audit import greedy_reference
 from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier, VerifierConfig
 
-PROMPT = [{"role": "user", "content": "List three colours of the rainbow."}]
+PROMPT = [{"role": "user", "content": "List three colors of the rainbow."}]
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,13 @@
-"""Hardware-aware node budget: pick the tree size that maximises committed tokens per second.
+"""Hardware-aware node budget: pick the tree size that maximizes committed tokens per second.
 
 A forward over N tokens costs very different amounts on a CPU (several times one token at
 N = 64) and on a GPU at batch 1 (about the same as one token). The best budget therefore depends
 on the machine as much as on the drafter.
 
-- `CostCurve` is the measured forward time against N for one model on one device, cached on disk
-  keyed by model, device, thread count, cache length and library versions: measured once.
+- `CostCurve` is the measured time of one verification (`TreeVerifier.verify`, the call decoding
+  makes: mask, forward, walk, compaction) against N for one model, verifier and device; N = 1 is
+  the real autoregressive step. Cached on disk keyed by model, device, thread count, cache
+  length, the verifier's options and library versions: measured once.
 - `AdaptiveBudget` estimates, online, the committed tokens E(B) and the forward seconds T(B) per
   forward for each candidate budget B, and picks argmax E(B) / T(B). Its estimator rests on one
   property of our trees: nodes are added in priority order and parents precede children, so the
@@ -21,7 +23,6 @@ on the machine as much as on the drafter.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,56 +90,77 @@ class CostCurve:
 
 
 @torch.inference_mode()
-def measure_cost_curve(model, sizes: list[int], prefix_len: int = 512, repeats: int = 5,
+def measure_cost_curve(verifier, sizes: list[int], prefix_len: int = 512, repeats: int = 5,
                        key: str = "") -> CostCurve:
-    """Time one tree forward (a chain of N nodes) over a cache of `prefix_len` tokens, per N."""
-    from oilbird.verifier import TreeVerifier  # local: verifier imports nothing from here
+    """Time `verifier.verify`, the very call decoding makes, on a chain of N nodes, per N.
 
-    device = next(model.parameters()).device
-    verifier = TreeVerifier(model, frozenset())
-    vocab = model.config.vocab_size
+    The call includes what decoding pays per forward: the mask (none at N = 1, exactly as an
+    autoregressive step), the model forward with the verifier's own options (hidden states, top-k,
+    FLy's entropy when it has the rule), the walk and the cache compaction. Each probe runs over a
+    cache of `prefix_len` tokens, which is restored after it.
+
+    Args:
+        verifier: the `TreeVerifier` the method decodes with.
+        sizes: the tree sizes N to time (nodes, root included).
+        prefix_len: cached tokens before each probe.
+        repeats: timed runs per size (after one warm-up run); the fastest counts.
+        key: what the curve depends on (see `cost_curve_key`).
+
+    Returns:
+        The curve: N -> seconds per verification forward.
+    """
+    vocab = verifier.model.config.vocab_size
     prompt = [(7 * i + 3) % vocab for i in range(prefix_len + 1)]
     state = verifier.prefill(prompt)
+    anchor = state.anchor
     points = {}
     for n in sizes:
         times = []
         for _ in range(repeats + 1):  # the first run warms up this shape
-            tree = DraftTree.chain(state.anchor, [(11 * i + 5) % vocab for i in range(n - 1)], "probe")
-            mask = tree.attention_mask(state.length, next(model.parameters()).dtype, device)
+            tree = DraftTree.chain(anchor, [(11 * i + 5) % vocab for i in range(n - 1)], "probe")
             start = time.perf_counter()
-            model(input_ids=torch.tensor([tree.tokens], device=device), attention_mask=mask,
-                  position_ids=tree.position_ids(state.length, device),
-                  past_key_values=state.cache, use_cache=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            verifier.verify(state, tree)
             times.append(time.perf_counter() - start)
-            state.cache.crop(-n)  # drop the probe's rows: the cache stays at prefix_len
+            extra = state.length - prefix_len  # what the probe committed (its root and accepted path)
+            state.cache.crop(-extra)  # transformers 5: a negative count drops that many rows
+            state.length, state.anchor = prefix_len, anchor
         # The fastest run, not the median: another process sharing the cores only ever adds
         # time, and a curve measured under load would otherwise keep that load's bumps.
         points[n] = min(times[1:])
     return CostCurve(points=points, key=key)
 
 
-def cost_curve_key(loaded, prefix_len: int, threads: int | None = None) -> str:
-    """What a cost curve depends on: model file, device, threads, cache length, library versions."""
+def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None) -> str:
+    """What a cost curve depends on: model file, device, threads, cache length, the verifier's
+    options (top-k, hidden states, FLy) and library versions."""
     import transformers
 
     threads = threads or torch.get_num_threads()
+    options = (f"verify:top_k={verifier.config.top_k},hidden={verifier.config.collect_hidden},"
+               f"fly={verifier.fly is not None and verifier.fly.entropy}")
     return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}|min"
-            f"|torch={torch.__version__}|transformers={transformers.__version__}")
+            f"|{options}|torch={torch.__version__}|transformers={transformers.__version__}")
 
 
-def load_or_measure(loaded, config: BudgetConfig, cache_dir: Path, log=lambda m: None) -> CostCurve:
-    """The cached cost curve of `loaded` on this device, measuring it on first use."""
-    key = cost_curve_key(loaded, config.cost_prefix)
+def load_or_measure(loaded, verifier, config: BudgetConfig, cache_dir: Path, log=lambda m: None) -> CostCurve:
+    """The cached cost curve of `verifier` over `loaded` on this device, measured on first use.
+
+    Args:
+        loaded: the target (`LoadedModel`): names the model file and device in the key.
+        verifier: the `TreeVerifier` the method decodes with (see `measure_cost_curve`).
+        config: the candidate sizes (`grid`) and the cache length (`cost_prefix`).
+        cache_dir: where `cost-curves.json` lives.
+        log: receives a message when a measurement starts.
+    """
+    key = cost_curve_key(loaded, verifier, config.cost_prefix)
     path = cache_dir / "cost-curves.json"
     curves = json.loads(path.read_text()) if path.exists() else {}
     known = CostCurve.from_json(curves[key]).points if key in curves else {}
     missing = [n for n in config.sizes() if n not in known]
     if not missing:
         return CostCurve(points=known, key=key)
-    log(f"measuring forward cost for budgets {','.join(map(str, missing))} (once per model and device)")
-    curve = measure_cost_curve(loaded.model, missing, config.cost_prefix, key=key)
+    log(f"measuring forward cost for budgets {','.join(map(str, missing))} (once per model, device and verifier)")
+    curve = measure_cost_curve(verifier, missing, config.cost_prefix, key=key)
     curve.points = {**known, **curve.points}  # a smaller grid later never forgets measured sizes
     curves[key] = curve.to_json()
     path.parent.mkdir(parents=True, exist_ok=True)

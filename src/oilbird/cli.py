@@ -1,9 +1,11 @@
-"""The `oilbird` command: `bench`, `generate`, `cost`, `report`, `table`, and listings of models,
-datasets and methods.
+"""The `oilbird` command: `bench`, `generate`, `diagnose`, `cost`, `report`, `table`, and listings
+of models, datasets and methods.
 
 Options for each component are derived from its config dataclass (see `oilbird.config`), so a
 new config field appears on the command line with its docstring as help. User mistakes raise
 `OilbirdError`; `main` prints its message and exits with status 2, without a traceback.
+`bench` exits with status 3 (after writing all its outputs) when a strict method's output
+differs from greedy decoding, so scripts and CI can gate on losslessness.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from pathlib import Path
 
 from oilbird.config import add_config_args, config_from_args
 from oilbird.errors import ConfigError, OilbirdError
+
+AUDIT_FAILED = 3
+"""Exit status of `oilbird bench` when a strict (lossless) method's output differs from greedy decoding."""
 
 
 def _log(message: str) -> None:
@@ -69,13 +74,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         budget_config=config_from_args(BudgetConfig, args, prefix="budget", mode="auto"))
     print(summary["table"])
     if summary["interrupted"]:
-        print(f"\ninterrupted: summarised the {summary['requests_served']} requests that every method finished")
+        print(f"\ninterrupted: summarized the {summary['requests_served']} requests that every method finished")
     print(f"\nrecords: {out_dir / 'records.jsonl'}  summary: {out_dir / 'summary.json'}")
-    failed = [r for r in summary["rows"] if r["audited"] and r["lossless"] < r["audited"]]
+    failed = [r for r in summary["rows"] if r["method"] in summary["audit_failed"]]
     for row in failed:
         for d in row["divergences"]:
             print(f"DIVERGENCE {row['method']} {d['request_id']}: token {d['divergence']} "
                   f"expected {d['expected']} got {d['got']} (reference margin {d['margin']})")
+    if failed:  # after every output is written: a script or CI gates on the status
+        diverged = sum(r["audited"] - r["lossless"] for r in failed)
+        _log(f"audit failed: {diverged} request(s) of {', '.join(r['method'] for r in failed)} differ "
+             f"from greedy decoding (see the DIVERGENCE lines; records in {out_dir})")
+        return AUDIT_FAILED
     return 0
 
 
@@ -107,7 +117,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                  tokens_per_s=round(len(result.output_ids) / result.wall_s, 2),
                  finish_reason=result.finish_reason,
                  **(dict(lossy=True, forgiven=len(result.forgiven_positions)) if result.lossy else {}),
-                 seconds=dict(prefill=round(result.prefill_s, 3), draft=round(result.draft_s, 3),
+                 seconds=dict(prefill=round(result.prefill_s, 3), drafter=round(result.drafter_s, 3),
                               forward=round(result.forward_s, 3),
                               bookkeeping=round(result.bookkeeping_s, 3), wall=round(result.wall_s, 3)))
     print(json.dumps(stats) if args.json else
@@ -117,15 +127,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from oilbird.diagnose import ReplayConfig, plot_diagnosis, run_diagnosis
-    from oilbird.diagnosis import DiagnosisConfig
+    from oilbird.gap_measures import DiagnosisConfig
+    from oilbird.gap_replay import ReplayConfig, run_diagnosis
+    from oilbird.gap_report import plot_diagnosis
     from oilbird.models import load_model
 
     replay_config = config_from_args(ReplayConfig, args, prefix="")
     config = config_from_args(DiagnosisConfig, args, prefix="diagnosis")
     requests = replay_config.requests()  # a bad dataset (or comparison run) fails before the model loads
     if args.compare_run:
-        from oilbird.diagnose import bench_records
+        from oilbird.gap_report import bench_records
 
         bench_records(Path(args.compare_run), args.compare_method, [r.id for r in requests])
     _set_threads(args)
@@ -134,7 +145,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                             progress=not args.no_progress, requests=requests)
     print(summary["table"])
     if args.compare_run:
-        from oilbird.diagnose import format_gap_vs_share, gap_vs_share
+        from oilbird.gap_report import format_gap_vs_share, gap_vs_share
 
         summary["gap_vs_share"] = gap_vs_share(summary, Path(args.compare_run), args.compare_method)
         print("\n" + format_gap_vs_share(summary["gap_vs_share"]))
@@ -149,14 +160,17 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 def cmd_cost(args: argparse.Namespace) -> int:
     from oilbird.budget import BudgetConfig, load_or_measure
     from oilbird.models import default_cache_dir, load_model
+    from oilbird.verifier import TreeVerifier, VerifierConfig
 
     config = config_from_args(BudgetConfig, args, prefix="budget", mode="auto")
+    verifier_config = config_from_args(VerifierConfig, args, prefix="verifier")
     _set_threads(args)
     loaded = load_model(args.model, log=_log)
-    curve = load_or_measure(loaded, config, default_cache_dir(), log=_log)
-    base = curve.cost(1)
-    print(f"forward cost on {loaded.device} ({curve.key})")
-    print("| tokens in forward | ms | x one token |")
+    verifier = TreeVerifier(loaded.model, loaded.stop_ids, verifier_config)
+    curve = load_or_measure(loaded, verifier, config, default_cache_dir(), log=_log)
+    base = curve.cost(1)  # a one-node tree: the autoregressive step, exactly as decoding runs it
+    print(f"verification cost on {loaded.device} ({curve.key})")
+    print("| tokens in forward | ms | x autoregressive step |")
     print("| ---: | ---: | ---: |")
     for n in config.sizes():
         print(f"| {n} | {1000 * curve.cost(n):.1f} | {curve.cost(n) / base:.2f} |")
@@ -164,7 +178,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from oilbird.bench import report
+    from oilbird.tables import report
 
     if args.first is not None and args.first < 1:
         raise ConfigError(f"--first must be a positive integer, got {args.first}")
@@ -202,18 +216,19 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_model_arg(parser: argparse.ArgumentParser) -> None:
+    from oilbird.models import DEFAULT_MODEL
+
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+
+
+def _bench_parser(sub) -> None:
     from oilbird.bench import BenchConfig
     from oilbird.budget import BudgetConfig
-    from oilbird.decode import DecodeConfig
-    from oilbird.models import DEFAULT_MODEL
     from oilbird.verifier import VerifierConfig
 
-    parser = argparse.ArgumentParser(prog="oilbird", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
     bench = sub.add_parser("bench", help="run methods side by side on a dataset and audit them")
-    bench.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+    _add_model_arg(bench)
     bench.add_argument("--out", default="bench-out", help="directory for records.jsonl and summary.json")
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_threads_arg(bench)
@@ -223,8 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_drafter_args(bench)
     bench.set_defaults(func=cmd_bench)
 
+
+def _diagnose_parser(sub) -> None:
+    from oilbird.gap_measures import DiagnosisConfig
+    from oilbird.gap_replay import ReplayConfig
+
     diag = sub.add_parser("diagnose", help="the identifiability-gap diagnosis of a dataset (no drafter)")
-    diag.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+    _add_model_arg(diag)
     diag.add_argument("--out", default="diagnose-out", help="directory for positions.jsonl and summary.json")
     diag.add_argument("--plot", default=None, help="also draw the per-category breakdown to this PNG file")
     diag.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -233,16 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
                            "beside the semantic source's measured sole-source share there")
     diag.add_argument("--compare-method", default="oilbird", help="the bench row with the semantic source")
     _add_threads_arg(diag)
-    from oilbird.diagnose import ReplayConfig
-    from oilbird.diagnosis import DiagnosisConfig
     add_config_args(diag, ReplayConfig)
     add_config_args(diag, DiagnosisConfig, prefix="diagnosis")
     diag.set_defaults(func=cmd_diagnose)
 
+
+def _generate_parser(sub) -> None:
+    from oilbird.decode import DecodeConfig
+    from oilbird.fly import FlyConfig
+    from oilbird.verifier import VerifierConfig
+
     gen = sub.add_parser("generate", help="generate for one prompt and print the text and its stats")
     gen.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     gen.add_argument("--method", default="pld", help="drafting method (see `oilbird list`)")
-    gen.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+    _add_model_arg(gen)
     gen.add_argument("--raw", action="store_true", help="use the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true", help="print the stats as JSON")
     _add_threads_arg(gen)
@@ -250,18 +274,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(gen, VerifierConfig, prefix="verifier")
     gen.add_argument("--fly", action="store_true",
                      help="verify with FLy's loose rule (LOSSY: the output may differ from greedy decoding)")
-    from oilbird.fly import FlyConfig
     add_config_args(gen, FlyConfig, prefix="fly")
     _add_drafter_args(gen)
     gen.set_defaults(func=cmd_generate)
 
-    cost = sub.add_parser("cost", help="measure (once, then cached) forward time against tree size")
-    cost.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+
+def _cost_parser(sub) -> None:
+    from oilbird.budget import BudgetConfig
+    from oilbird.verifier import VerifierConfig
+
+    cost = sub.add_parser("cost", help="measure (once, then cached) verification time against tree size")
+    _add_model_arg(cost)
     _add_threads_arg(cost)
     # The curve is the same whatever the mode; only the measurement's fields are options here.
     add_config_args(cost, BudgetConfig, prefix="budget", exclude=("mode", "explore_every", "decay"))
+    add_config_args(cost, VerifierConfig, prefix="verifier")  # the options decoding runs with
     cost.set_defaults(func=cmd_cost)
 
+
+def _report_parsers(sub) -> None:
+    """`report`, `table` and `list`: commands that read saved runs or listings and load no model."""
     rep = sub.add_parser("report", help="re-make a benchmark's tables from its records.jsonl")
     rep.add_argument("run_dir", help="the --out directory of an `oilbird bench` run")
     rep.add_argument("--by-category", action="store_true", help="one table per request category")
@@ -278,6 +310,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", help="list model presets, datasets and methods")
     lst.set_defaults(func=cmd_list)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `oilbird` parser: one subcommand per job, options derived from the config dataclasses."""
+    parser = argparse.ArgumentParser(prog="oilbird", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_bench_parser, _diagnose_parser, _generate_parser, _cost_parser, _report_parsers):
+        add(sub)
     return parser
 
 
@@ -285,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `oilbird` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    # `timeout` and `kill` stop a run as Ctrl-C does: `bench` keeps and summarises what finished.
+    # `timeout` and `kill` stop a run as Ctrl-C does: `bench` keeps and summarizes what finished.
     # (Background jobs of a non-interactive shell ignore SIGINT, so SIGTERM is their only clean stop.)
     # Only the main thread may set handlers (main() called from a worker thread leaves SIGTERM alone).
     in_main = threading.current_thread() is threading.main_thread()

@@ -3,7 +3,9 @@
 Per request: prefill, then repeat { drafter proposes a tree within the node budget; the verifier
 runs one forward and commits the greedy path plus a bonus token; the drafter observes } until a
 stop token, `max_new_tokens`, or the model's context is reached. Wall time is split into prefill,
-drafting, forward and bookkeeping; tokens committed per forward are recorded so that
+the drafter's `propose` and `observe` (drafting, and harvesting into its pools), the model
+forward, and bookkeeping (the verifier's mask, walk and KV compaction, and this loop's own
+accounting); tokens committed per forward are recorded so that
 τ = Σ committed / Σ verification forwards can be pooled over a dataset. The prefill commits no
 token (the last prompt token is the first anchor), so τ excludes it by construction.
 """
@@ -64,10 +66,22 @@ class RequestResult:
     excess_tokens: int = 0
     """Committed tokens dropped because they overshot max_new_tokens."""
     prefill_s: float = 0.0
-    draft_s: float = 0.0
+    """The prefill forward, and the drafter's harvest of it (`observe_prefill`)."""
+    propose_s: float = 0.0
+    """The drafter's `propose` calls."""
     forward_s: float = 0.0
+    """The verification forwards (with their argmax and top-k)."""
+    observe_s: float = 0.0
+    """The drafter's `observe` calls: harvesting what was committed and computed."""
     bookkeeping_s: float = 0.0
+    """The verifier's mask, walk and KV compaction, and the loop's accounting (attribution, budget policy)."""
     wall_s: float = 0.0
+    """The whole request, prefill included."""
+
+    @property
+    def drafter_s(self) -> float:
+        """Seconds in the drafter during decoding: `propose` plus `observe`."""
+        return self.propose_s + self.observe_s
 
     @property
     def forwards(self) -> int:
@@ -99,7 +113,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
     Args:
         verifier: the tree verifier over the target model.
         drafter: any registered drafter (use "ar" for plain autoregressive decoding).
-        prompt_ids: the tokenised prompt.
+        prompt_ids: the tokenized prompt.
         config: limits (max_new_tokens, node budget).
         max_context: the model's context length; generation stops when it is full.
         request_id: a name for records and for drafters that key state by request.
@@ -139,7 +153,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             if budget_policy is not None:
                 budget = min(budget, budget_policy.choose())
             tree = drafter.propose(budget).truncated(budget)
-            result.draft_s += time.perf_counter() - t
+            result.propose_s += time.perf_counter() - t
             ver = verifier.verify(state, tree)
             result.forward_s += ver.forward_s
             t = time.perf_counter()
@@ -153,10 +167,12 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             result.committed_per_forward.append(len(committed))
             result.nodes_per_forward.append(len(tree))
             _attribute(result, tree, ver.path)
-            drafter.observe(ver)
             if budget_policy is not None:
                 budget_policy.observe(budget, len(tree), ver.path)
-            result.bookkeeping_s += ver.bookkeeping_s + time.perf_counter() - t
+            t_observe = time.perf_counter()
+            drafter.observe(ver)
+            result.observe_s += time.perf_counter() - t_observe
+            result.bookkeeping_s += ver.bookkeeping_s + t_observe - t
             if ver.finished and committed and committed[-1] in verifier.stop_ids:
                 result.finish_reason = "stop"
                 break

@@ -35,7 +35,7 @@ ENTROPIES = ("top3", "normalized")
 
 @dataclass
 class FlyConfig:
-    """FLy's loose acceptance (the paper's defaults). Lossy: results are labelled and never audited as lossless."""
+    """FLy's loose acceptance (the paper's defaults). Lossy: results are labeled and never audited as lossless."""
 
     theta: float = 0.3
     """Entropy gate θ: a mismatch is forgivable only where the target's entropy is >= θ (θ <= 0.01: no gate; θ = 1: strict with 'normalized', nearly so with 'top3', which exceeds 1 only near a three-way tie)."""

@@ -4,11 +4,16 @@ Contract:
 - Strictly online: a request's text (prompt + output) enters its tenant's store only when the
   request ends (`add_request`), so a request being decoded sees the requests before it and never
   its own future. Its own committed text is the drafters' per-request business.
-- Tenants are isolated: each has its own store and index; nothing is shared across tenants.
-- Bounded: each store keeps at most `max_tokens` tokens; the oldest requests are evicted first.
-  The suffix automaton cannot delete, so it is rebuilt from the retained requests once evicted
-  tokens make up half of what it indexes (amortized O(1) per token).
-- `memory_bytes()` reports an estimate of the store's footprint, for benchmark records.
+- Tenants are isolated: each has its own `TokenStore` (tokens and suffix automaton); nothing is
+  shared across tenants. `Pool` is the `TenantMap` of the stores: a tenant's store is built on
+  first use and `drop(tenant)` forgets it (a request in flight keeps the store it holds).
+- Bounded: each store keeps at most `max_tokens` tokens; the oldest requests are evicted first
+  (FIFO by the time they ended), and a request longer than the whole cap keeps its last
+  `max_tokens` tokens. The suffix automaton cannot delete, so it is rebuilt from the retained
+  requests once evicted tokens make up half of what it indexes (amortized O(1) per token): it
+  indexes at most 2 x `max_tokens` tokens.
+- `memory_bytes()` reports an estimate of a store's (or the pool's) footprint, for benchmark
+  records.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import sys
 from collections import deque
 from dataclasses import dataclass
 
-from oilbird.errors import ConfigError
 from oilbird.suffix_automaton import SuffixAutomaton
+from oilbird.tenants import TenantMap
 
 
 @dataclass
@@ -82,27 +87,15 @@ class TokenStore:
                    + sam.num_states * per_state + transitions)
 
 
-class Pool:
-    """All tenants' stores; a tenant's store is created on first use."""
+class Pool(TenantMap[TokenStore]):
+    """All tenants' stores: a `TenantMap` whose factory builds a `TokenStore` under `config`.
+
+    `get(tenant)` is a tenant's store, `drop(tenant)` forgets it, `memory_bytes()` sums them.
+
+    Args:
+        config: the capacity of every tenant's store.
+    """
 
     def __init__(self, config: PoolConfig | None = None) -> None:
         self.config = config or PoolConfig()
-        self._stores: dict[str, TokenStore] = {}
-
-    def store(self, tenant: str) -> TokenStore:
-        """The store of `tenant` (a non-empty name chosen by the caller).
-
-        Raises:
-            ConfigError: if the tenant name is empty.
-        """
-        if not tenant:
-            raise ConfigError("tenant name must be a non-empty string")
-        if tenant not in self._stores:
-            self._stores[tenant] = TokenStore(self.config)
-        return self._stores[tenant]
-
-    def memory_bytes(self) -> int:
-        return sum(store.memory_bytes() for store in self._stores.values())
-
-    def tenants(self) -> list[str]:
-        return list(self._stores)
+        super().__init__(lambda: TokenStore(self.config))

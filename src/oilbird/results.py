@@ -5,9 +5,10 @@ Contract:
   when the run finished). Rows are re-computed from the records, so a cut run still reports;
   pool memory is known only from a finished run's summary.
 - `comparison_table` groups runs by model: one Markdown table per model, a row per method
-  (as labelled in the runs, e.g. 'goose@60', 'goose@auto'), and per dataset τ and the speedup
+  (as labeled in the runs, e.g. 'goose@60', 'goose@auto'), and per dataset τ and the speedup
   against the `ar` of that same run (in brackets: the decode phase alone, prefill left out).
-  Speedups are never compared across runs.
+  Speedups are never compared across runs. A strict method with a divergent output reads
+  `FAILED n/m`, with an `AUDIT FAILED` line under the table.
 - `plot_comparison` draws the same numbers as grouped bars (τ and speedup, per model), PNG.
 """
 
@@ -17,13 +18,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from oilbird.bench import REFERENCE, read_records, summarize
+from oilbird.summary import REFERENCE, summarize
+from oilbird.tables import audit_failure_lines, read_records
 from oilbird.errors import DatasetError
 
 
 @dataclass
 class Run:
-    """One benchmark run, summarised."""
+    """One benchmark run, summarized."""
 
     model: str
     dataset: str
@@ -33,7 +35,7 @@ class Run:
 
 
 def load_run(run_dir: Path) -> Run:
-    """Summarise one `oilbird bench` output directory.
+    """Summarize one `oilbird bench` output directory.
 
     Raises:
         DatasetError: the directory holds no records.
@@ -94,7 +96,7 @@ def comparison_table(runs: list[Run]) -> str:
     for model in dict.fromkeys(run.model for run in runs):
         mine = [run for run in runs if run.model == model]
         head = "| method | " + " | ".join(f"{r.dataset} ({r.requests}) τ | speedup (decode)" for r in mine)
-        head += " | lossless | draft + bookkeeping % (max) | pool memory MiB (max) |"
+        head += " | lossless | drafter + bookkeeping % (max) | pool memory MiB (max) |"
         lines = [f"**{model}**", "", head,
                  "| --- |" + " ---: | ---: |" * len(mine) + " ---: | ---: | ---: |"]
         for method in _method_order(mine):
@@ -111,15 +113,17 @@ def comparison_table(runs: list[Run]) -> str:
                 audited += row["audited"]
                 lossless += row["lossless"]
                 lossy = lossy or bool(row.get("lossy"))
-                if row["draft_share"] is not None:
-                    overhead.append(row["draft_share"] + row["bookkeeping_share"])
+                if row.get("overhead_share") is not None:
+                    overhead.append(row["overhead_share"])
                 if row.get("memory_bytes"):
                     memory.append(row["memory_bytes"])
-            audit = "LOSSY (FLy)" if lossy else (f"{lossless}/{audited}" if audited else "not audited")
+            audit = ("LOSSY (FLy)" if lossy else "not audited" if not audited
+                     else f"{lossless}/{audited}" if lossless == audited else f"FAILED {lossless}/{audited}")
             over = f"{100 * max(overhead):.1f}%" if overhead else "–"
             mem = f"{max(memory) / 2**20:.1f}" if memory else "–"
             lines.append(f"| {method} | " + " | ".join(cells) + f" | {audit} | {over} | {mem} |")
-        parts.append("\n".join(lines))
+        failures = [f"{run.dataset}: {line}" for run in mine for line in audit_failure_lines(list(run.rows.values()))]
+        parts.append("\n".join(lines + ([""] + failures if failures else [])))
     return "\n\n".join(parts)
 
 

@@ -2,7 +2,7 @@
 
 Contract:
 - `extend(token)` appends one token in amortized O(1) (the classic online construction); the
-  automaton then recognises every substring of the stream.
+  automaton then recognizes every substring of the stream.
 - Each state remembers `first_end`, the end index of the *first* occurrence of its strings, so a
   match's continuation is read from the earliest occurrence (the one with the longest tail, as
   every prompt-lookup reference does).

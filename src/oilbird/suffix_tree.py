@@ -11,7 +11,8 @@ Contract:
   emptied nodes are pruned, and the result is exactly the tree of the remaining sequences (FIFO
   eviction is a series of removals).
 - `speculate(context, ...)` matches the context's suffixes from the root (m = 1, 2, ... tokens)
-  and returns the best-scoring continuation as a path or a best-first tree (`Speculation`).
+  and returns the best-scoring continuation as a path or a best-first tree (`Speculation`; the
+  drafting below a matched position is `suffix_speculation.py`'s job).
 
 Representation (path-compressed, canonical). A node is an edge of `length` tokens below its
 parent; its tokens are read from a stored sequence: `seq[start : start + length]`, where
@@ -33,9 +34,9 @@ root), cut short when no longer match can win.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from heapq import heappop, heappush
 from typing import Hashable, Iterable, Sequence
+
+from oilbird.suffix_speculation import Speculation, draft_path, draft_tree
 
 
 class _Node:
@@ -58,22 +59,6 @@ class _Node:
         """Index in `seq` of the edge's first token."""
         self.ends: dict[Hashable, int] = {}
         """seq_id -> end index (exclusive) of one of that sequence's suffixes ending here."""
-
-
-@dataclass(slots=True)
-class Speculation:
-    """A drafted continuation, ready for tree verification (ALGORITHMS.md §1)."""
-
-    token_ids: list[int] = field(default_factory=list)
-    """Drafted tokens; a parent always comes before its children."""
-    parents: list[int] = field(default_factory=list)
-    """Index into `token_ids` of each token's parent; -1 for a child of the (virtual) root."""
-    probs: list[float] = field(default_factory=list)
-    """Estimated probability of each token's whole path, product of count ratios."""
-    score: float = 0.0
-    """Sum of `probs`: the expected number of accepted tokens under the count model."""
-    match_len: int = 0
-    """Context suffix length m whose match produced this draft (0 for an empty draft)."""
 
 
 class SuffixTree:
@@ -282,7 +267,7 @@ class SuffixTree:
         """
         ctx = list(context[-self.max_depth:])
         best = Speculation()
-        draft_fn = self._draft_tree if use_tree else self._draft_path
+        draft_fn = draft_tree if use_tree else draft_path
         for m in range(1, len(ctx)):
             # Each level of a draft adds at most 1 to its score, and at most D - m levels fit
             # below an m-token match; longer matches fit fewer, so none of them can win.
@@ -321,64 +306,6 @@ class SuffixTree:
             else:
                 return None
         return node, idx
-
-    @staticmethod
-    def _draft_path(node: _Node, idx: int, budget: int, min_prob: float) -> Speculation:
-        """Follow the most frequent child (ties: smaller token id) while prob >= min_prob."""
-        out = Speculation()
-        tokens, parents, probs = out.token_ids, out.parents, out.probs
-        prob = 1.0
-        while len(tokens) < budget and prob >= min_prob:
-            if idx < node.length:  # inside an edge the count, hence prob, is constant
-                take = min(node.length - idx, budget - len(tokens))
-                first = len(tokens)
-                tokens.extend(node.seq[node.start + idx:node.start + idx + take])
-                parents.extend(range(first - 1, first + take - 1))
-                probs.extend([prob] * take)
-                idx += take
-            elif node.children:
-                _, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
-                prob *= child.count / node.count
-                node, idx = child, 0
-            else:
-                break
-        out.score = sum(probs)
-        return out
-
-    @staticmethod
-    def _draft_tree(node: _Node, idx: int, budget: int, min_prob: float) -> Speculation:
-        """Best-first expansion on prob with a max-heap, stopping after `budget` tokens.
-
-        Ties pop the most recently pushed item first, so a popped edge can be emitted as one run
-        (its next position has the same, maximal prob) and equal siblings go in rank order.
-        """
-        out = Speculation()
-        tokens, parents, probs = out.token_ids, out.parents, out.probs
-        heap = [(-1.0, 0, node, idx, -1)]
-        pushes = 0
-        while heap and len(tokens) < budget:
-            neg_prob, _, node, idx, parent = heappop(heap)
-            prob = -neg_prob
-            if idx < node.length:
-                take = min(node.length - idx, budget - len(tokens))
-                first = len(tokens)
-                tokens.extend(node.seq[node.start + idx:node.start + idx + take])
-                parents.append(parent)
-                parents.extend(range(first, first + take - 1))
-                probs.extend([prob] * take)
-                parent = first + take - 1
-                if idx + take < node.length:
-                    break  # budget spent inside the edge
-            # At the edge's end: queue the children whose prob reaches min_prob (a prefix of the
-            # descending-count order; ties: smaller token id).
-            count = node.count
-            ranked = sorted(((-c.count, token, c) for token, c in node.children.items()
-                             if prob * c.count / count >= min_prob), key=lambda r: r[:2])
-            for neg_count, _, child in reversed(ranked):  # best pushed last pops first on ties
-                pushes -= 1
-                heappush(heap, (-(prob * -neg_count / count), pushes, child, 0, parent))
-        out.score = sum(probs)
-        return out
 
     # --- inspection (tests, records) -------------------------------------------------------
 

@@ -106,7 +106,7 @@ class TreeVerifier:
     """Verifies draft trees with one forward each over a transformers model.
 
     Args:
-        model: a transformers causal LM whose attention honours a custom 4-D mask (eager/SDPA).
+        model: a transformers causal LM whose attention honors a custom 4-D mask (eager/SDPA).
         stop_ids: token ids that end a request.
         config: what to expose per forward.
         fly: FLy's loose acceptance rule (lossy); None: strict greedy verification.
@@ -236,7 +236,7 @@ class TreeVerifier:
 
 
 def check_tree_attention(config) -> None:
-    """Refuse models whose attention cannot honour a custom 4-D tree mask.
+    """Refuse models whose attention cannot honor a custom 4-D tree mask.
 
     Flash-attention kernels ignore custom masks, and a sliding-window or chunked layer would have
     its window replaced (not narrowed) by the tree mask; either would silently break losslessness.

@@ -3,28 +3,36 @@
 - *Spine*: a lexical chain from the request's own text (the context matcher: n-grams of 5, 4, 3
   tokens, earliest occurrence, up to 20 tokens), extended while it is confident, and cut to a
   length that grows with its confidence and with the observed spine acceptance (an EMA).
-- *Branches*: successors from a two-tier adjacency table (bigram (prev, cur) first, then unigram
+- *Branches*: successors from a two-tier successor table (bigram (prev, cur) first, then unigram
   cur) harvested from the target's top-K at every node of every forward, rejected nodes and the
-  prefill included. Scores are the softmax over the top-K logits.
+  prefill included. Scores are the softmax over the top-K logits. (GOOSE calls it an adjacency
+  table; it is a different structure from Token Recycling's `AdjacencyTable`.)
 - One budget B' = 60 + floor(40·c): the spine takes floor(B'·r) nodes, then the rest is split
   between branches at the root and branches along the spine (weights 1/i), and grown breadth
   first to depth 6. Shared prefixes are paid once: a branch successor equal to the next spine
   token only adds its tag to the spine node.
 
 Every node is tagged with the sources that proposed it: "pld" for the spine (it is prompt lookup)
-and "tr" for adjacency successors. Adjacency tables persist per tenant across requests.
+and "tr" for table successors.
+
+Cross-request state: one `SuccessorTable` per tenant (a `TenantMap`), kept across requests and
+forgotten by `drop_tenant`. Each tier holds at most `max_rows` rows; a write to a full tier evicts
+the tier's least recently *written* row first (a row moves to the newest end whenever it is
+overwritten; reading a row does not refresh it). So a tenant's table holds at most
+2 x `max_rows` rows, about `SuccessorTable.memory_bytes()` bytes.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass, field
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 import torch
 
 from oilbird.drafters.base import Drafter
 from oilbird.drafters.registry import register
+from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
 from oilbird.verifier import PrefillObservation, Verification
 
@@ -42,7 +50,7 @@ class GooseConfig:
     max_branch_depth: int = 6
     """Only branch nodes shallower than this grow children."""
     top_k: int = 10
-    """K: successors kept per adjacency row."""
+    """K: successors kept per successor-table row."""
     min_score: float = 0.01
     """Successors scoring below this are not drafted."""
     spine_branch_share: float = 0.5
@@ -65,12 +73,15 @@ class GooseConfig:
     """Spine-acceptance EMA at the start of a request."""
     use_bigram: bool = True
     """Consult the (prev, cur) tier before the unigram tier."""
+    max_rows: int = 1_000_000
+    """Cap on rows per tier (unigram, bigram) of each tenant's successor table; a write to a
+    full tier evicts its least recently written row. About 1 KB per row at top_k = 10."""
     harvest_prefill: bool = True
-    """Also fill the adjacency table from every prompt position's top-K, as GOOSE does. It costs the full-vocabulary logits at every prompt position: a 20-50% slower prefill on a CPU (measured: docs/RESULTS.md)."""
+    """Also fill the successor table from every prompt position's top-K, as GOOSE does. It costs the full-vocabulary logits at every prompt position: a 20-50% slower prefill on a CPU (measured: docs/RESULTS.md)."""
 
     def __post_init__(self) -> None:
-        if self.top_k < 1 or self.node_budget < 1 or self.max_chain < 1:
-            raise ValueError("top_k, node_budget and max_chain must be >= 1")
+        if self.top_k < 1 or self.node_budget < 1 or self.max_chain < 1 or self.max_rows < 1:
+            raise ValueError("top_k, node_budget, max_chain and max_rows must be >= 1")
         if not self.ngrams():
             raise ValueError(f"ngram_sizes must list positive sizes, got {self.ngram_sizes!r}")
 
@@ -156,43 +167,108 @@ def propose_spine(matcher: ContextMatcher, text: list[int], cfg: GooseConfig) ->
     return chain, c
 
 
-# --- branches: the two-tier adjacency table ------------------------------------------------
+# --- branches: the two-tier successor table -------------------------------------------------
 
-@dataclass
-class AdjacencyTable:
-    """Successors harvested from the target's top-K: unigram cur -> ..., bigram (prev, cur) -> ..."""
+Row = tuple[list[int], list[float]]
+"""A successor row: the target's top-k ids, best first, and their softmax scores."""
 
-    unigram: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
-    bigram: dict[tuple[int, int], tuple[list[int], list[float]]] = field(default_factory=dict)
+
+class SuccessorTable:
+    """Successors harvested from the target's top-K: unigram cur -> row, bigram (prev, cur) -> row.
+
+    Each tier is capped at `max_rows` rows and evicts its least recently written row first (see
+    the module docstring).
+
+    Args:
+        max_rows: the most rows per tier.
+        top_k: the row width the harvests use; only sizes the `memory_bytes` estimate.
+
+    Raises:
+        ValueError: if `max_rows` is below 1.
+    """
+
+    def __init__(self, max_rows: int = 1_000_000, top_k: int = 10) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.max_rows = max_rows
+        self.top_k = top_k
+        # OrderedDict, not dict: evicting the oldest row of a plain dict rescans the deleted
+        # slots at its front, which turns a full table's every write into O(rows).
+        self.unigram: OrderedDict[int, Row] = OrderedDict()
+        self.bigram: OrderedDict[tuple[int, int], Row] = OrderedDict()
+        self.evicted_rows = 0
+        """Rows evicted by the cap so far (both tiers)."""
 
     def harvest(self, tokens: list[int], prevs: list[int | None], topk_ids: torch.Tensor,
                 topk_logits: torch.Tensor, k: int) -> None:
-        """Record each position's top-k (last occurrence wins).
+        """Record each position's top-k (last occurrence wins; the cap evicts the oldest rows).
 
         Args:
             tokens: token at each position.
             prevs: the token before each position (None: no bigram key).
             topk_ids, topk_logits: [n, >=k] the target's top-k at each position.
+            k: the row width to keep.
         """
         ids = topk_ids[:, :k].tolist()
         scores = torch.softmax(topk_logits[:, :k].float(), dim=-1).tolist()  # within top-k
         for token, prev, row_ids, row_scores in zip(tokens, prevs, ids, scores):
-            entry = (row_ids, row_scores)
-            self.unigram[token] = entry
+            entry = (row_ids, row_scores)  # one pair shared by both tiers until overwritten
+            self._write(self.unigram, token, entry)
             if prev is not None:
-                self.bigram[(prev, token)] = entry
+                self._write(self.bigram, (prev, token), entry)
+
+    def _write(self, tier: OrderedDict, key, entry: Row) -> None:
+        tier[key] = entry
+        tier.move_to_end(key)  # an overwrite makes the row the most recently written
+        if len(tier) > self.max_rows:
+            tier.popitem(last=False)
+            self.evicted_rows += 1
 
     def successors(self, prev: int | None, token: int, use_bigram: bool) -> list[tuple[int, float]]:
+        """The (id, score) successors of `token`: the bigram row first, else the unigram row.
+
+        Args:
+            prev: the token before `token` (None: unigram only).
+            token: the token whose successors are wanted.
+            use_bigram: whether to consult the bigram tier.
+
+        Returns:
+            (successor id, score) pairs, best first; empty when neither tier has a row.
+        """
         entry = self.bigram.get((prev, token)) if use_bigram and prev is not None else None
         if entry is None:
             entry = self.unigram.get(token)
         return list(zip(*entry)) if entry else []
 
+    def __len__(self) -> int:
+        """Rows in both tiers."""
+        return len(self.unigram) + len(self.bigram)
+
+    def memory_bytes(self) -> int:
+        """Approximate bytes held: both tiers' rows at a per-row estimate (`_row_bytes`).
+
+        Returns:
+            The estimate; at most 2 x max_rows x `_row_bytes(top_k)`.
+        """
+        return len(self) * _row_bytes(self.top_k)
+
+
+def _row_bytes(k: int) -> int:
+    """Estimated bytes per successor-table row of width k (CPython, 64-bit).
+
+    A row costs its OrderedDict slot and link node (~100), its key (an int, or a 2-tuple of
+    ints, ~70), the 2-tuple pairing its lists (~56) and the lists: ids (56 + 8k, 32 per int
+    object) and scores (56 + 8k, 24 per float). A harvest shares one pair between the two tiers,
+    so counting it in full per row errs high. Measured with tracemalloc at k = 10: 1,010 bytes
+    per row with no pair shared, 623 with every pair shared; this gives 1,058.
+    """
+    return 170 + 56 + 2 * 56 + (8 + 32 + 8 + 24) * k
+
 
 # --- the tree ------------------------------------------------------------------------------
 
 def build_goose_tree(anchor: int, prev_anchor: int | None, chain: list[int], c: float, ema: float,
-                     table: AdjacencyTable, cfg: GooseConfig, budget: int) -> tuple[DraftTree, list[int]]:
+                     table: SuccessorTable, cfg: GooseConfig, budget: int) -> tuple[DraftTree, list[int]]:
     """GOOSE's Algorithm 1. Returns the tree and the indices of its spine nodes."""
     total = min(budget, cfg.node_budget + math.floor(c * cfg.budget_extension))
     tree = DraftTree.root(anchor)
@@ -255,30 +331,30 @@ def build_goose_tree(anchor: int, prev_anchor: int | None, chain: list[int], c: 
 
 @register
 class Goose(Drafter):
-    """GOOSE: context-matched spine plus adjacency branches in one tree."""
+    """GOOSE: context-matched spine plus successor-table branches in one tree."""
 
     name = "goose"
     Config = GooseConfig
-    needs_prefill = True  # the adjacency table harvests every prompt position too (configurable)
+    needs_prefill = True  # the successor table harvests every prompt position too (configurable)
 
     def __init__(self, config: GooseConfig | None = None) -> None:
         super().__init__(config)
         self.needs_prefill = self.config.harvest_prefill
-        self.tables: dict[str, AdjacencyTable] = {}  # per tenant: no cross-tenant drafts
+        cfg = self.config
+        # One table per tenant: no cross-tenant drafts.
+        self.tables: TenantMap[SuccessorTable] = TenantMap(
+            lambda: SuccessorTable(cfg.max_rows, cfg.top_k))
         self.spine_nodes: list[int] = []
 
     def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
         super().start_request(request_id, prompt_ids, tenant)
-        self.table = self.tables.setdefault(tenant, AdjacencyTable())
+        # The request keeps its table: a drop_tenant while it runs orphans it rather than
+        # breaking the request, and nothing re-creates the tenant until its next request.
+        self.table = self.tables.get(tenant)
         self.matcher = ContextMatcher(self.config.ngrams(), self.config.consensus_min)
         self.matcher.extend(prompt_ids)
         self.ema = self.config.ema_init
         self.spine_nodes = []
-
-    def memory_bytes(self) -> int:
-        # Per entry: a dict slot and key, two k-element lists (ids, float scores); approximate.
-        per_entry = 150 + 2 * (64 + 8 * self.config.top_k) + 24 * self.config.top_k
-        return sum(per_entry * (len(t.unigram) + len(t.bigram)) for t in self.tables.values())
 
     def observe_prefill(self, observation: PrefillObservation) -> None:
         tokens = observation.tokens

@@ -1,8 +1,8 @@
 """SAM-Decoding-style drafter: suffix automata over the tenant's pool and the request itself (§4).
 
 Two automata answer "what followed the longest suffix of the text so far?":
-- the *pool* automaton of the tenant's past requests (prompts and outputs; `oilbird.pool`), never
-  reset within a tenant; a request joins it only when it ends (strictly online);
+- the *pool* automaton of the tenant's past requests (prompts and outputs; `oilbird.pool`), kept
+  across requests (capped, see below); a request joins it only when it ends (strictly online);
 - a *local* automaton over the current request's committed text, extended token by token with
   its cursor advanced before each extension, so the text never matches its own newest position.
 The longer match drafts a chain of `min(max_predicts, 1 + floor(alpha * match_len))` tokens from
@@ -38,7 +38,8 @@ class SAMConfig:
     max_candidates: int = 8
     """Chains under the root after back-off (1 = the single best match only)."""
     pool_max_tokens: int = 4_000_000
-    """Cap on each tenant's pool in tokens; the oldest requests are evicted beyond it."""
+    """Cap on each tenant's pool in tokens; the oldest requests (by the time they ended) are
+    evicted beyond it."""
 
     def __post_init__(self) -> None:
         if self.max_predicts < 1 or self.min_match < 1 or self.max_candidates < 1:
@@ -75,7 +76,9 @@ class SAMDrafter(Drafter):
 
     def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
         super().start_request(request_id, prompt_ids, tenant)
-        self.store: TokenStore = self.pool.store(tenant)
+        # The request keeps its store: a drop_tenant while it runs orphans it (its text is then
+        # lost with it), and nothing re-creates the tenant before its next request.
+        self.store: TokenStore = self.pool.get(tenant)
         self.local = SuffixAutomaton()
         self.local_cursor = _Cursor(self.local)
         self._sync_pool_cursor()
@@ -103,9 +106,6 @@ class SAMDrafter(Drafter):
     def stop_request(self, request_id: str) -> None:
         self.store.add_request(request_id, self.sequence)  # only now may others draft from it
         super().stop_request(request_id)
-
-    def memory_bytes(self) -> int:
-        return self.pool.memory_bytes()
 
     def propose(self, budget: int) -> DraftTree:
         if self.store.version != self.pool_version:

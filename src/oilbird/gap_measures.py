@@ -1,4 +1,6 @@
-"""The identifiability-gap diagnosis (seed paper §3; ALGORITHMS.md §7, "Diagnosis"): pure parts.
+"""The identifiability-gap measures (seed paper §3; ALGORITHMS.md §7, "Diagnosis"): pure functions.
+
+`gap_replay.py` feeds them a real model's replay; `gap_report.py` pools what they return.
 
 A benchmark is replayed request by request with the model's greedy outputs; at every generated
 position t (the next token is x_{t+1}) the *pool* is everything in the earlier requests (prompts
@@ -45,7 +47,7 @@ class DiagnosisConfig:
     min_key: int = 2
     """The oracle backs off down to a suffix of this many tokens."""
     candidates: int = 8
-    """Candidate next tokens of the oracle, and neighbours of the semantic key."""
+    """Candidate next tokens of the oracle, and neighbors of the semantic key."""
     within_request: bool = False
     """Also count the current request's own committed text (its prompt and the output so far) as pool. Off is the paper's definition (earlier requests only); on is what prompt lookup sees on top of it."""
 
@@ -121,11 +123,11 @@ class Position:
     run: int
     """Tokens from the next one on that occur verbatim, in a row, in the pool."""
     semantic_hit: bool | None = None
-    """One of the top-k hidden-state neighbours' tokens is the next token (None: not computed)."""
+    """One of the top-k hidden-state neighbors' tokens is the next token (None: not computed)."""
     static_hit: bool | None = None
     """The same with the static input embedding as the key."""
-    neighbour_run: int | None = None
-    """Of the true continuation, how many tokens the best hidden-state neighbour offers verbatim."""
+    neighbor_run: int | None = None
+    """Of the true continuation, how many tokens the best hidden-state neighbor offers verbatim."""
 
     @property
     def gap(self) -> bool:
@@ -171,7 +173,7 @@ def lexical_positions(sam: SuffixAutomaton, prompt: Sequence[int], output: Seque
     return out
 
 
-def _top_neighbours(queries: torch.Tensor, keys: torch.Tensor, k: int,
+def _top_neighbors(queries: torch.Tensor, keys: torch.Tensor, k: int,
                     visible: Sequence[int] | None) -> list[list[int]]:
     """Top-k records by cosine similarity per query, among the first visible[i] records only."""
     q = torch.nn.functional.normalize(queries.float(), dim=-1)  # [n, d]
@@ -185,16 +187,16 @@ def _top_neighbours(queries: torch.Tensor, keys: torch.Tensor, k: int,
             for rows, vals in zip(top.indices.tolist(), top.values.tolist())]
 
 
-def neighbour_hits(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.Tensor,
+def neighbor_hits(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.Tensor,
                    targets: Sequence[int], k: int = 8, visible: Sequence[int] | None = None) -> list[bool]:
-    """Semantic reach: does a top-k neighbour (cosine) of each query carry its target token?
+    """Semantic reach: does a top-k neighbor (cosine) of each query carry its target token?
 
     Args:
         queries: [n, d] states that predict each target.
         keys: [m, d] the pool's keys (the state that predicted each record's token).
         key_tokens: [m] each record's token.
         targets: n true next tokens.
-        k: neighbours per query.
+        k: neighbors per query.
         visible: per query, how many leading records it may see (None: all). Records of the
             current request sit at the end of the pool; this keeps each query to what was
             committed before it.
@@ -203,17 +205,17 @@ def neighbour_hits(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.
         return [False] * len(targets)
     tokens = key_tokens.tolist()
     return [any(tokens[r] == int(target) for r in rows)
-            for rows, target in zip(_top_neighbours(queries, keys, k, visible), targets)]
+            for rows, target in zip(_top_neighbors(queries, keys, k, visible), targets)]
 
 
-def neighbour_runs(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.Tensor,
+def neighbor_runs(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.Tensor,
                    segment_ends: torch.Tensor, continuations: Sequence[Sequence[int]], k: int = 8,
                    visible: Sequence[int] | None = None) -> list[int]:
-    """How much of the true continuation the best top-k neighbour matches, token for token.
+    """How much of the true continuation the best top-k neighbor matches, token for token.
 
-    A neighbour r offers its token and what followed it in its request: key_tokens[r], r+1, ...
-    (up to segment_ends[r]). For each query, the longest agreement of a neighbour's offer with
-    the true continuation (0: no neighbour carries the next token).
+    A neighbor r offers its token and what followed it in its request: key_tokens[r], r+1, ...
+    (up to segment_ends[r]). For each query, the longest agreement of a neighbor's offer with
+    the true continuation (0: no neighbor carries the next token).
 
     Args:
         queries: [n, d]; keys: [m, d]; key_tokens: [m] the records' tokens in pool order;
@@ -223,13 +225,13 @@ def neighbour_runs(queries: torch.Tensor, keys: torch.Tensor, key_tokens: torch.
     """
     if keys.shape[0] == 0:
         return [0] * len(continuations)
-    top = _top_neighbours(queries, keys, k, visible)  # [n][<= k]
+    top = _top_neighbors(queries, keys, k, visible)  # [n][<= k]
     tokens, ends = key_tokens.tolist(), segment_ends.tolist()
     limits = list(visible) if visible is not None else [len(tokens)] * len(continuations)
     out = []
-    for neighbours, ahead, limit in zip(top, continuations, limits):
+    for neighbors, ahead, limit in zip(top, continuations, limits):
         best = 0
-        for r in neighbours:
+        for r in neighbors:
             m = 0
             end = min(ends[r], limit)
             while m < len(ahead) and r + m < end and tokens[r + m] == ahead[m]:

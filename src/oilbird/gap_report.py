@@ -1,153 +1,39 @@
-"""`oilbird diagnose`: the identifiability-gap diagnosis of a benchmark on a real model.
+"""The identifiability-gap diagnosis's results: pooled rates, the table, the plot, the comparison.
 
-Replays a dataset request by request: each request's greedy output (transformers `generate`,
-do_sample=False) and the hidden states at every position of prompt + output (last layer, and the
-input embeddings for the static control) come from the model once and are cached on disk, so a
-second run decodes nothing. At every generated position the pool is all earlier requests (their
-prompts and outputs), plus, with `within_request`, what the request itself has committed; the pure tests of `oilbird.diagnosis` classify the position. Output: one
-JSON record per request (`positions.jsonl`), `summary.json` with the pooled rates per category
-and overall, a Markdown table, and optionally a PNG of the per-category breakdown.
+Contract:
+- `rates(positions)`: pooled rates over diagnosed positions (`gap_measures.Position`): shares of
+  all positions, reach as shares of gap positions, exact-only / semantic-only / both as shares
+  of present positions. `summarize_diagnosis(records)` gives them overall and per category from
+  the per-request records of `gap_replay.run_diagnosis`.
+- `format_diagnosis(summary)` is the Markdown table `oilbird diagnose` prints (a dash where a
+  share has nothing to be taken of); `plot_diagnosis(summary, path)` draws it as grouped bars.
+- `gap_vs_share(summary, run_dir)` sets each category's gap beside the semantic source's
+  sole-source share measured by an `oilbird bench` run over the very same requests (checked by
+  `bench_records`), with Spearman's rank correlation (`spearman`) over the categories;
+  `format_gap_vs_share` prints it.
+Pure functions of their inputs, apart from reading the bench run and writing the plot.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
-from oilbird.audit import greedy_reference
-from oilbird.bench import encode_request, read_records, summarize
-from oilbird.datasets import Request, Workload
-from oilbird.diagnosis import DiagnosisConfig, Position, lexical_positions, neighbour_hits, neighbour_runs
 from oilbird.errors import DatasetError
-from oilbird.models import LoadedModel, default_cache_dir
-from oilbird.suffix_automaton import SuffixAutomaton
-
-
-@dataclass
-class ReplayConfig(Workload):
-    """Which requests to replay (the same options, and so the same requests, as `oilbird bench`)."""
-
-    dataset: str = "api-bank"
-    """Dataset name (api-bank[/<file>], spec-bench[:categories], humaneval) or a .jsonl path."""
-    limit: int = 100000
-    """Replay the first N requests (after category selection)."""
-
-
-def _cache_path(loaded: LoadedModel, ids: list[int], max_new: int) -> Path:
-    digest = hashlib.sha256(json.dumps([Path(loaded.source).name, ids, max_new]).encode()).hexdigest()[:24]
-    return default_cache_dir() / "diagnose" / f"{digest}.pt"
-
-
-@torch.inference_mode()
-def replay(loaded: LoadedModel, ids: list[int], max_new: int) -> dict:
-    """Greedy output, and per position of prompt + output the last-layer and input-embedding
-    states (row p predicts token p + 1), cached on disk. Returns {output, hidden, static}."""
-    path = _cache_path(loaded, ids, max_new)
-    if path.exists():
-        return torch.load(path)
-    output = greedy_reference(loaded.model, ids, max_new, loaded.stop_ids).output_ids
-    full = torch.tensor([ids + output], device=next(loaded.model.parameters()).device)  # [1, T]
-    out = loaded.model(input_ids=full, output_hidden_states=True, logits_to_keep=1)
-    data = dict(output=output, hidden=out.hidden_states[-1][0].half().cpu(),  # [T, d]
-                static=out.hidden_states[0][0].half().cpu())  # [T, d]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, path)
-    return data
-
-
-def _neighbour_tests(data: dict, ids: list[int], output: list[int], pool: tuple,
-                     config: DiagnosisConfig) -> tuple[list[int], list[bool]]:
-    """Per generated position: the best hidden-state neighbour's run, and the static key's hit.
-
-    `pool` holds per earlier request (keys, static keys, tokens, segment ends) chunks; with
-    `config.within_request` the request's own records are appended last, and the query that
-    predicts token p + 1 sees only its records 0..p-1 (tokens 1..p): what is committed.
-    """
-    keys, statics, tokens, ends = (list(chunks) for chunks in pool)
-    rows = slice(len(ids) - 1, len(ids) - 1 + len(output))  # states predicting each output token
-    visible = None
-    if config.within_request:
-        pooled = sum(len(chunk) for chunk in tokens)
-        full = ids + output
-        keys.append(data["hidden"][:-1])
-        statics.append(data["static"][:-1])
-        tokens.append(full[1:])
-        ends.append([pooled + len(full) - 1] * (len(full) - 1))
-        visible = [pooled + p for p in range(rows.start, rows.stop)]
-    width = data["hidden"].shape[1]
-    pool_keys = torch.cat(keys) if keys else torch.zeros(0, width)  # [m, d]
-    pool_static = torch.cat(statics) if statics else torch.zeros(0, data["static"].shape[1])  # [m, d]
-    pool_tokens = torch.tensor([t for chunk in tokens for t in chunk], dtype=torch.long)  # [m]
-    pool_ends = torch.tensor([e for chunk in ends for e in chunk], dtype=torch.long)  # [m]
-    runs = neighbour_runs(data["hidden"][rows], pool_keys, pool_tokens, pool_ends,
-                          [output[t:] for t in range(len(output))], config.candidates, visible)
-    static = neighbour_hits(data["static"][rows], pool_static, pool_tokens, output, config.candidates, visible)
-    return runs, static
-
-
-def run_diagnosis(loaded: LoadedModel, replay_config: ReplayConfig,
-                  config: DiagnosisConfig | None = None, out_dir: Path | None = None,
-                  progress: bool = True, requests: list[Request] | None = None) -> dict:
-    """Diagnose a dataset: per-position presence, oracle, gap, run and semantic reach.
-
-    Args:
-        loaded: the model whose greedy outputs and hidden states are diagnosed.
-        replay_config: which requests (loaded here unless `requests` is given).
-        config: the diagnosis's parameters (the paper's values by default).
-        out_dir: where to write positions.jsonl and summary.json (None: nothing written).
-        progress: show a progress bar.
-        requests: the already loaded `replay_config.requests()`.
-
-    Returns:
-        The summary: pooled rates overall and per category, with the table as Markdown.
-
-    Raises:
-        DatasetError: for an unknown dataset or a malformed record.
-    """
-    config = config or DiagnosisConfig()
-    requests = replay_config.requests() if requests is None else requests
-    sam = SuffixAutomaton()
-    keys, statics, tokens, ends = [], [], [], []  # pool records: state predicting token, per request
-    records = []
-    for request in tqdm(requests, desc=f"diagnose {replay_config.dataset}", unit="req", disable=not progress):
-        ids = encode_request(loaded, request)
-        data = replay(loaded, ids, replay_config.max_new_tokens)
-        output = data["output"]
-        positions = lexical_positions(sam, ids, output, config)
-        if output:
-            runs, static = _neighbour_tests(data, ids, output, (keys, statics, tokens, ends), config)
-            for position, run, st in zip(positions, runs, static):
-                position.semantic_hit, position.static_hit, position.neighbour_run = run > 0, st, run
-        records.append(dict(request_id=request.id, category=request.category,
-                            positions=[asdict(p) for p in positions]))
-        text = ids + output  # the request joins the pool only now: strictly earlier requests
-        sam.extend_many(text)
-        sam.end_document()
-        keys.append(data["hidden"][:-1])
-        statics.append(data["static"][:-1])
-        start = sum(len(chunk) for chunk in tokens)
-        tokens.append(text[1:])
-        ends.append([start + len(text) - 1] * (len(text) - 1))
-    summary = summarise(records)
-    summary.update(model=loaded.name, config=asdict(config), replay=asdict(replay_config),
-                   request_ids=[r["request_id"] for r in records])
-    summary["table"] = format_diagnosis(summary)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with open(out_dir / "positions.jsonl", "w") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
+from oilbird.gap_measures import Position
+from oilbird.summary import summarize
+from oilbird.tables import read_records
 
 
 def rates(positions: list[Position]) -> dict:
-    """Pooled rates over positions (fractions of all positions, reach as fractions of gaps)."""
+    """Pooled rates over positions (fractions of all positions, reach as fractions of gaps).
+
+    Args:
+        positions: diagnosed positions, from any number of requests.
+    Returns:
+        counts (positions, gap_positions, gap_control_positions, present_positions) and rates
+        (presence, oracle_miss, gap, reach, exact_only / semantic_only / both, ...); a share of
+        nothing is 0.0 (the table prints a dash there).
+    """
     n = len(positions)
     gaps = [p for p in positions if p.gap]
     gaps4 = [p for p in positions if p.gap_control]
@@ -165,7 +51,7 @@ def rates(positions: list[Position]) -> dict:
         oracle_miss=frac([p for p in positions if not p.oracle_hit], n),
         gap=frac(gaps, n), gap_control=frac(gaps4, n),
         run_behind_gap=sum(p.run for p in gaps) / len(gaps) if gaps else 0.0,
-        neighbour_run_at_gap=(sum(p.neighbour_run or 0 for p in gaps) / len(gaps)) if gaps else 0.0,
+        neighbor_run_at_gap=(sum(p.neighbor_run or 0 for p in gaps) / len(gaps)) if gaps else 0.0,
         semantic_reach=frac([p for p in gaps if p.semantic_hit], len(gaps)),
         semantic_reach_control=frac([p for p in gaps4 if p.semantic_hit], len(gaps4)),
         static_reach=frac([p for p in gaps if p.static_hit], len(gaps)),
@@ -176,8 +62,14 @@ def rates(positions: list[Position]) -> dict:
     )
 
 
-def summarise(records: list[dict]) -> dict:
-    """Rates overall and per category from per-request position records."""
+def summarize_diagnosis(records: list[dict]) -> dict:
+    """Rates overall and per category from per-request position records.
+
+    Args:
+        records: `{request_id, category, positions: [Position as a dict]}` per request.
+    Returns:
+        {overall: rates, requests: count, categories: {category: rates}} in first-seen order.
+    """
     def positions(recs):
         return [Position(**p) for r in recs for p in r["positions"]]
 
@@ -188,9 +80,15 @@ def summarise(records: list[dict]) -> dict:
 
 
 def format_diagnosis(summary: dict) -> str:
-    """A Markdown table: one row per category and one overall."""
+    """A Markdown table: one row per category and one overall, with a footnote defining the columns.
+
+    Args:
+        summary: a `summarize_diagnosis` result (with `config` for the footnote's pool wording).
+    Returns:
+        the table as Markdown.
+    """
     head = ("| category | positions | presence (2) | presence (4) | oracle miss | gap | gap (4) | "
-            "run behind gap | neighbour matches | semantic reach | semantic reach (4) | static reach | exact only | semantic only | both |")
+            "run behind gap | neighbor matches | semantic reach | semantic reach (4) | static reach | exact only | semantic only | both |")
     lines = [head, "| --- |" + " ---: |" * 14]
     rows = list(summary["categories"].items()) + [("all", summary["overall"])]
     for name, r in rows:
@@ -203,7 +101,7 @@ def format_diagnosis(summary: dict) -> str:
 
         lines.append(f"| {name} | {r['positions']} | {pct('presence')} | {pct('presence_control')} | "
                      f"{pct('oracle_miss')} | {pct('gap')} | {pct('gap_control')} | "
-                     f"{mean('run_behind_gap')} | {mean('neighbour_run_at_gap')} | "
+                     f"{mean('run_behind_gap')} | {mean('neighbor_run_at_gap')} | "
                      f"{pct('semantic_reach', 'gap_positions')} | {pct('semantic_reach_control', 'gap_control_positions')} | "
                      f"{pct('static_reach', 'gap_positions')} | {pct('exact_only', 'present_positions')} | "
                      f"{pct('semantic_only', 'present_positions')} | {pct('both', 'present_positions')} |")
@@ -213,14 +111,19 @@ def format_diagnosis(summary: dict) -> str:
     lines.append("Rates are shares of generated positions; reach columns are shares of gap positions "
                  f"(gap = the next 2 (4) tokens occur verbatim in {pool} but the exact-match "
                  "oracle's 8 candidates miss); run behind gap = tokens from there that occur verbatim in a row; "
-                 "neighbour matches = how many of them the best of the top-8 hidden-state neighbours offers; exact only / semantic only / both are shares of present "
+                 "neighbor matches = how many of them the best of the top-8 hidden-state neighbors offers; exact only / semantic only / both are shares of present "
                  "positions; – where there is nothing to take a share of. Paper, API-Bank: presence 92%, oracle miss 13%, gap 6.8%, semantic reach "
                  "81%, static embedding 23%.")
     return "\n".join(lines)
 
 
 def plot_diagnosis(summary: dict, path: Path) -> None:
-    """Grouped bars per category: presence, oracle miss, gap, semantic and static reach (PNG)."""
+    """Grouped bars per category: presence, oracle miss, gap, semantic and static reach (PNG).
+
+    Args:
+        summary: a `run_diagnosis` summary.
+        path: the PNG file to write (its directory is created).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -245,7 +148,11 @@ def plot_diagnosis(summary: dict, path: Path) -> None:
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Spearman's rank correlation (ties share their mean rank); None below 3 points or for a constant."""
+    """Spearman's rank correlation (ties share their mean rank).
+
+    Returns:
+        the correlation in [-1, 1]; None below 3 points or when either side is constant.
+    """
     def ranks(values: list[float]) -> list[float]:
         order = sorted(range(len(values)), key=lambda i: values[i])
         out = [0.0] * len(values)
@@ -325,7 +232,13 @@ def gap_vs_share(summary: dict, run_dir: Path, method: str = "oilbird") -> dict:
 
 
 def format_gap_vs_share(comparison: dict) -> str:
-    """A Markdown table of `gap_vs_share`, with the rank correlation under it."""
+    """A Markdown table of `gap_vs_share`, with the rank correlation under it.
+
+    Args:
+        comparison: a `gap_vs_share` result.
+    Returns:
+        the table as Markdown.
+    """
     lines = [f"| category | gap | gap (4) | semantic reach | semantic only (of present) | {comparison['method']} τ | "
              "sem sole share (of accepted drafts) | sem sole tokens per 100 generated |",
              "| --- |" + " ---: |" * 7]
@@ -333,6 +246,7 @@ def format_gap_vs_share(comparison: dict) -> str:
         lines.append(f"| {r['category']} | {100 * r['gap']:.1f}% | {100 * r['gap_control']:.1f}% | "
                      f"{100 * r['semantic_reach']:.1f}% | {100 * r['semantic_only']:.1f}% | {r['tau']:.2f} | "
                      f"{100 * r['sole_share']:.1f}% | {r['sole_per_100']:.1f} |")
+
     def rho(key: str) -> str:
         value = comparison["spearman"][key]
         return "– (fewer than 3 categories)" if value is None else f"{value:+.2f}"

@@ -1,51 +1,63 @@
-"""Oilbird's semantic key: past positions re-keyed by the verifier's hidden state (ALGORITHMS.md §7).
+"""Oilbird's semantic memory: past positions keyed by the verifier's hidden state (ALGORITHMS.md §7).
 
-Pure parts, independent of any drafter:
-- `TraceStore`: one tenant's records. Record r is a committed token x_r keyed by the hidden state
-  of the position *before* it (the state whose argmax predicted x_r), L2-normalised and held as
-  float16 (or int8 with a per-record scale). Its value is what followed x_r in the same request:
-  x_{r+1}, x_{r+2}, ... Records are appended in commit order, one request segment after another;
-  the oldest requests are evicted past a cap. Exact cosine search runs as one matmul on the
-  keys' device; past a size threshold a FAISS HNSW index answers instead (CPU only).
-- `RejectedPool`: a ring buffer of what verification rejected. Record: key = the state at a
-  rejected node's parent, token = the rejected node's token, value = the continuation the model
-  endorsed from that node in the same forward (up to 6 deep). It only answers queries whose
-  anchor equals the record's token: the record says "had this token been committed here, the
-  model would have gone on like this".
-- `chain_depth`: similarity-sized copy depth, L = clamp(round(L_max (s - θ) / (1 - θ)), 1, L_max).
-- `merge_chains`: chains re-walk the host tree from the root; shared nodes are tagged, only the
-  divergent tail is paid for, within the semantic entry budget and the node budget.
-- `Calibrator`: our self-calibration (the paper names it without a definition): an EMA of the
-  acceptance rate of the nodes the semantic source paid for moves the floor θ and the depth.
-
-Strictly online: the caller says how many records are visible (`visible`), and the drafter keeps
-that below the records of the cycle it just committed; nothing of the current request's future
-exists in a store.
+Contract (pure data structures, independent of any drafter):
+- `TraceStore`: one tenant's committed positions. Record r is a committed token x_r keyed by the
+  hidden state of the position *before* it (the state whose argmax predicted x_r), L2-normalized
+  and held as float16 (or int8 with a per-record scale). Its value is what followed x_r in the
+  same request: x_{r+1}, x_{r+2}, ... Records are appended in commit order, one request segment
+  after another. Cap: `max_records`; an `add` that passes it evicts the oldest requests first
+  (whole requests where a request boundary allows), down to 90% of the cap. Exact cosine search
+  is one matmul on the keys' device; past a size threshold a FAISS HNSW index answers instead
+  (CPU only).
+- `RejectedPool`: one tenant's ring buffer of what verification rejected. Record: key = the state
+  at a rejected node's parent, token = the rejected node's token, value = the continuation the
+  model endorsed from that node in the same forward. It only answers queries whose anchor equals
+  the record's token: "had this token been committed here, the model would have gone on like
+  this". Cap: `capacity` records; the oldest are overwritten first.
+- Record ids: both structures give every record an absolute id, its place in the tenant's
+  history (TraceStore: records ever evicted + index; RejectedPool: records ever written before
+  it). Ids never change, while store indices shift down on eviction and ring slots are reused.
+  A caller that remembers records across an `add` (a visibility watermark, a neighbor followed
+  through a request) keeps ids; `next_id` is the id the next record will get.
+- Neither structure decides what is searchable: `search` answers among the records whose id is
+  below the caller's `before_id`. The drafter's visibility rule is in drafters/oilbird.py.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
-from dataclasses import dataclass
 
 import torch
 
 from oilbird.errors import ConfigError
-from oilbird.tree import DraftTree
 
-SEMANTIC = "sem"  # the source tag of semantic nodes
 KEY_DTYPES = ("float16", "int8")
 
 
-def normalise(vectors: torch.Tensor) -> torch.Tensor:
-    """L2-normalise rows in float32, so cosine similarity becomes a dot product. [n, d] -> [n, d]."""
+def normalize(vectors: torch.Tensor) -> torch.Tensor:
+    """L2-normalize rows in float32, so cosine similarity becomes a dot product.
+
+    Args:
+        vectors: [n, d] (or [d]) states of any float dtype.
+
+    Returns:
+        The unit rows, float32, same shape.
+    """
     vectors = vectors.float()
     return vectors / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-6)
 
 
 class KeyMatrix:
-    """A growable [n, d] matrix of unit keys on one device, float16 or int8 + per-row scale."""
+    """A growable [n, d] matrix of unit keys on one device, float16 or int8 + per-row scale.
+
+    Args:
+        dim: width d of a key.
+        device: where the keys live.
+        dtype: "float16" or "int8".
+
+    Raises:
+        ConfigError: for another dtype.
+    """
 
     def __init__(self, dim: int, device: torch.device | str, dtype: str = "float16") -> None:
         if dtype not in KEY_DTYPES:
@@ -88,16 +100,16 @@ class KeyMatrix:
         """Cosine similarity of the unit `query` [d] with rows [0, upto). Returns [upto] float32."""
         if upto <= 0:
             return torch.empty(0)
+        q = query.to(self.device, torch.float16)  # [d]
         if self.kind == "float16":
-            q = query.to(self.device, torch.float16)
             return (self.keys[:upto] @ q).float()  # [upto]
-        q = query.to(self.device, torch.float16)
+        # int8: dequantize chunk by chunk, so no [upto, d] float copy is ever held.
         parts = [(self.keys[s:min(upto, s + chunk)].half() @ q).float() * self.scales[s:min(upto, s + chunk)]
                  for s in range(0, upto, chunk)]
         return torch.cat(parts)
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
-        """Rows [start, stop) as float32 [m, d] (dequantised)."""
+        """Rows [start, stop) as float32 [m, d] (dequantized)."""
         rows = self.keys[start:stop].float()
         return rows * self.scales[start:stop, None] if self.kind == "int8" else rows
 
@@ -121,34 +133,26 @@ class _HNSW:
             self.n = keys.n
 
     def search(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        sims, ids = self.index.search(query.float().cpu().numpy()[None], k)
+        sims, ids = self.index.search(query.float().cpu().numpy()[None], k)  # [1, k] each
         return torch.from_numpy(sims[0]), torch.from_numpy(ids[0])
 
     def bytes(self, dim: int) -> int:
         return self.n * (4 * dim + 2 * 32 * 4)  # float32 copy + level-0 links
 
 
-@dataclass
-class Neighbour:
-    """One retrieved record: similarity, where it lives and the chain it offers."""
-
-    similarity: float
-    record: int
-    """Record index in its store (trace store index, or ring slot for rejected records)."""
-    chain: list[int]
-    rejected: bool = False
-
-
 class TraceStore:
-    """One tenant's committed positions: tokens, keys and request segments (see module docstring).
+    """One tenant's committed positions: tokens, keys and request segments (see the module docstring).
 
     Args:
         dim: hidden size of the keys.
         device: where the keys live (the model's device).
         dtype: "float16" or "int8".
-        max_records: cap; the oldest requests are evicted (down to 90%) beyond it.
+        max_records: cap; past it the oldest requests are evicted first, down to 90% of it.
         index: "exact", "faiss" or "auto" (FAISS once `faiss_min_records` records, on a CPU).
         faiss_min_records: the exact/FAISS crossover for "auto".
+
+    Raises:
+        ConfigError: for an unknown index or key dtype.
     """
 
     def __init__(self, dim: int, device: torch.device | str = "cpu", dtype: str = "float16",
@@ -158,7 +162,7 @@ class TraceStore:
             raise ConfigError(f"index must be 'exact', 'faiss' or 'auto', got {index!r}")
         self.keys = KeyMatrix(dim, device, dtype)
         self.tokens: list[int] = []
-        self.starts: list[int] = []  # first record of each request segment
+        self.starts: list[int] = []  # index of the first record of each request segment
         self.max_records = max_records
         self.index_mode, self.faiss_min_records = index, faiss_min_records
         self.ann: _HNSW | None = None
@@ -167,27 +171,57 @@ class TraceStore:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    # --- record ids: stable across eviction -----------------------------------------------------
+
+    @property
+    def next_id(self) -> int:
+        """The id the next added record will get (= records ever added)."""
+        return self.evicted_records + len(self.tokens)
+
+    def id_of(self, index: int) -> int:
+        """The absolute id of the record now at `index`."""
+        return self.evicted_records + index
+
+    def index_of(self, record_id: int) -> int:
+        """Where record `record_id` is now; negative when it was evicted."""
+        return record_id - self.evicted_records
+
+    def count_before(self, record_id: int) -> int:
+        """How many held records have an id below `record_id`: they are the first ones."""
+        return max(0, min(len(self), self.index_of(record_id)))
+
+    # --- writing --------------------------------------------------------------------------------
+
     def begin_request(self) -> None:
         """Open a new segment: chains never run from one request into the next."""
         if not self.starts or self.starts[-1] != len(self.tokens):
             self.starts.append(len(self.tokens))
 
     def add(self, tokens: list[int], hidden: torch.Tensor) -> None:
-        """Append records for `tokens`, keyed by the states that predicted them ([m, d])."""
+        """Append records for `tokens`, keyed by the states that predicted them.
+
+        Args:
+            tokens: committed tokens, in commit order.
+            hidden: [m, d] raw states, row j predicted tokens[j].
+
+        Raises:
+            ValueError: if the counts differ.
+        """
         if not tokens:
             return
         if hidden.shape[0] != len(tokens):
             raise ValueError(f"{len(tokens)} tokens but {hidden.shape[0]} keys")
         if not self.starts:
             self.begin_request()
-        self.keys.append(normalise(hidden))
+        self.keys.append(normalize(hidden))
         self.tokens.extend(int(t) for t in tokens)
         if len(self.tokens) > self.max_records:
             self._evict()
 
     def _evict(self) -> None:
+        """Drop the oldest records down to 90% of the cap, on a request boundary where one allows."""
         cut = len(self.tokens) - int(0.9 * self.max_records)
-        i = bisect.bisect_left(self.starts, cut)  # evict whole requests where a boundary allows
+        i = bisect.bisect_left(self.starts, cut)
         if i < len(self.starts) and self.starts[i] < len(self.tokens):
             cut = self.starts[i]
         self.keys.drop_front(cut)
@@ -198,13 +232,16 @@ class TraceStore:
         self.evicted_records += cut
         self.ann = None  # HNSW cannot delete; rebuilt on the next search that wants it
 
+    # --- reading --------------------------------------------------------------------------------
+
     def segment_end(self, record: int) -> int:
-        """One past the last record of `record`'s request segment."""
+        """One past the index of the last record of `record`'s request segment."""
         i = bisect.bisect_right(self.starts, record)
         return self.starts[i] if i < len(self.starts) else len(self.tokens)
 
     def value(self, record: int, length: int, visible_end: int) -> list[int]:
-        """Up to `length` tokens that followed `record`, within its request and `visible_end`."""
+        """Up to `length` tokens that followed the record at index `record`, within its request
+        and before index `visible_end`."""
         end = min(self.segment_end(record), visible_end, record + 1 + length)
         return self.tokens[record + 1:end]
 
@@ -214,13 +251,18 @@ class TraceStore:
         return (self.index_mode == "auto" and self.keys.device.type == "cpu"
                 and len(self) >= self.faiss_min_records)
 
-    def search(self, query: torch.Tensor, k: int, visible: int) -> tuple[list[float], list[int]]:
-        """Top-k records among the first `visible` by cosine with the unit `query` [d].
+    def search(self, query: torch.Tensor, k: int, before_id: int) -> tuple[list[float], list[int]]:
+        """Top-k records with an id below `before_id`, by cosine with the unit `query` [d].
+
+        Args:
+            query: [d] unit vector.
+            k: most records returned.
+            before_id: the caller's watermark; with nothing evicted it is a count of records.
 
         Returns:
-            (similarities, record indices), best first.
+            (similarities, record indices), best first; indices hold until the next `add`.
         """
-        visible = min(visible, len(self))
+        visible = self.count_before(before_id)  # ids -> indices, now, after any eviction
         if visible <= 0 or k <= 0:
             return [], []
         if self.uses_faiss():
@@ -245,46 +287,73 @@ class TraceStore:
 
 
 class RejectedPool:
-    """A ring buffer of rejected-branch records (see module docstring).
+    """One tenant's ring buffer of rejected-branch records (see the module docstring).
+
+    Record `id` lives in slot `id % capacity` until record `id + capacity` overwrites it.
 
     Args:
-        capacity: records kept; the oldest are overwritten.
-        dim, device: as for TraceStore (keys are float16).
+        capacity: records kept (0: the pool keeps nothing); the oldest are overwritten first.
+        dim: hidden size of the keys (float16).
+        device: where the keys live.
     """
+
+    _UNWRITTEN = 2 ** 62  # id of an empty slot: above every watermark
 
     def __init__(self, capacity: int, dim: int, device: torch.device | str = "cpu") -> None:
         self.capacity = capacity
         self.keys = torch.zeros((capacity, dim), dtype=torch.float16, device=device)  # [cap, d]
         self.tokens = torch.full((capacity,), -1, dtype=torch.long, device=device)  # [cap]
-        self.cycle = torch.zeros(capacity, dtype=torch.long, device=device)  # [cap] write cycle
+        self.ids = torch.full((capacity,), self._UNWRITTEN, dtype=torch.long, device=device)  # [cap]
         self.values: list[list[int]] = [[] for _ in range(capacity)]
-        self.next = 0
-        self.size = 0
+        self.next_id = 0  # records ever written: the id of the next one
 
-    def add(self, keys: torch.Tensor, tokens: list[int], values: list[list[int]], cycle: int) -> None:
-        """Write records (keys [m, d] raw states) stamped with `cycle`; the oldest are overwritten."""
+    @property
+    def size(self) -> int:
+        """Records held."""
+        return min(self.capacity, self.next_id)
+
+    def add(self, keys: torch.Tensor, tokens: list[int], values: list[list[int]]) -> None:
+        """Write records, each taking the next id; the oldest are overwritten.
+
+        Args:
+            keys: [m, d] raw states at the rejected nodes' parents.
+            tokens: the rejected nodes' tokens.
+            values: the continuation endorsed from each rejected node.
+        """
         m = len(tokens)
         if m == 0 or self.capacity == 0:
+            self.next_id += m
             return
-        if m > self.capacity:
+        first_id = self.next_id
+        if m > self.capacity:  # only the newest fit; the others are written and overwritten at once
+            first_id += m - self.capacity
             keys, tokens, values = keys[-self.capacity:], tokens[-self.capacity:], values[-self.capacity:]
-            m = self.capacity
-        slots = [(self.next + i) % self.capacity for i in range(m)]
-        idx = torch.tensor(slots, device=self.keys.device)
-        self.keys[idx] = normalise(keys).to(self.keys.device, torch.float16)
+        ids = list(range(first_id, first_id + len(tokens)))
+        slots = [i % self.capacity for i in ids]
+        idx = torch.tensor(slots, device=self.keys.device)  # [m]
+        self.keys[idx] = normalize(keys).to(self.keys.device, torch.float16)
         self.tokens[idx] = torch.tensor(tokens, device=self.keys.device)
-        self.cycle[idx] = cycle
+        self.ids[idx] = torch.tensor(ids, device=self.keys.device)
         for slot, value in zip(slots, values):
             self.values[slot] = value
-        self.next = (self.next + m) % self.capacity
-        self.size = min(self.capacity, self.size + m)
+        self.next_id += m
 
-    def search(self, query: torch.Tensor, anchor: int, k: int, before_cycle: int) -> tuple[list[float], list[int]]:
-        """Top-k records with token == `anchor`, written before `before_cycle`, by cosine."""
+    def search(self, query: torch.Tensor, anchor: int, k: int, before_id: int) -> tuple[list[float], list[int]]:
+        """Top-k records with token == `anchor` and an id below `before_id`, by cosine.
+
+        Args:
+            query: [d] unit vector.
+            anchor: the token the records must have been rejected as.
+            k: most records returned.
+            before_id: the caller's watermark.
+
+        Returns:
+            (similarities, slots), best first; a slot's value is `values[slot]`.
+        """
         if self.size == 0 or k <= 0:
             return [], []
         scores = (self.keys @ query.to(self.keys.device, torch.float16)).float()  # [cap]
-        ok = (self.tokens == anchor) & (self.cycle < before_cycle)
+        ok = (self.tokens == anchor) & (self.ids < before_id)  # [cap]
         n_ok = int(ok.sum())
         if n_ok == 0:
             return [], []
@@ -292,93 +361,5 @@ class RejectedPool:
         return top.values.tolist(), top.indices.tolist()
 
     def memory_bytes(self) -> int:
+        """Keys, token and id per slot, plus the values' list objects."""
         return self.capacity * (self.keys.shape[1] * 2 + 8 + 8) + sum(8 * len(v) + 56 for v in self.values)
-
-
-def endorsed_continuation(tree: DraftTree, preds: list[int], node: int, depth: int) -> list[int]:
-    """What the model endorses after `node`: its argmax, then down the child drafting that argmax.
-
-    Args:
-        tree: the verified tree.
-        preds: the target's argmax at every node.
-        node: the (rejected) node to start from.
-        depth: at most this many tokens.
-    """
-    value = [preds[node]]
-    current = node
-    while len(value) < depth:
-        child = tree.child(current, preds[current])
-        if child is None:
-            break
-        value.append(preds[child])
-        current = child
-    return value
-
-
-def chain_depth(similarity: float, theta: float, max_depth: int) -> int:
-    """Similarity-sized copy depth: clamp(round(L_max (s - θ) / (1 - θ)), 1, L_max)."""
-    if theta >= 1.0:
-        return 1
-    return max(1, min(max_depth, round(max_depth * (similarity - theta) / (1.0 - theta))))
-
-
-def rank_depth(rank: int, max_depth: int) -> int:
-    """The ablation's rank-sized depth: L_max / (rank + 1), at least 1."""
-    return max(1, round(max_depth / (rank + 1)))
-
-
-def merge_cost(tree: DraftTree, chain: list[int]) -> int:
-    """cost(γ, T) = |γ| - π(γ, T): the tokens of `chain` not already a root path of `tree`."""
-    node, shared = 0, 0
-    for token in chain:
-        node = tree.child(node, token)
-        if node is None:
-            break
-        shared += 1
-    return len(chain) - shared
-
-
-def merge_chains(tree: DraftTree, chains: list[tuple[float, list[int]]], entry_budget: int,
-                 node_budget: int, source: str = SEMANTIC) -> list[int]:
-    """Merge chains (best first) into `tree` in place; returns the indices of the nodes paid for.
-
-    Each chain re-walks the tree from the root: nodes it shares are tagged with `source` and cost
-    nothing; its divergent tail is appended under the last shared node while the paid total stays
-    within `entry_budget` and the tree within `node_budget` (an over-budget chain is truncated).
-    """
-    paid: list[int] = []
-    for similarity, chain in chains:
-        node, i = 0, 0
-        while i < len(chain) and tree.child(node, chain[i]) is not None:
-            node = tree.add(node, chain[i], source, similarity)  # shared: tag only
-            i += 1
-        for token in chain[i:]:
-            if len(paid) >= entry_budget or len(tree) >= node_budget:
-                return paid
-            node = tree.add(node, token, source, similarity)
-            paid.append(node)
-    return paid
-
-
-class Calibrator:
-    """Self-calibration: an EMA of the semantic nodes' acceptance moves the floor and the depth.
-
-    When fewer semantic nodes are accepted than `target`, θ rises (fewer, closer neighbours) and
-    chains shorten; when more are, θ falls and chains lengthen. θ stays within
-    [θ0 - span, min(0.99, θ0 + span)] and the depth scale within [0.5, 1.5].
-    """
-
-    def __init__(self, theta: float, target: float, alpha: float, gain: float, span: float = 0.2) -> None:
-        self.theta0, self.target, self.alpha, self.gain, self.span = theta, target, alpha, gain, span
-        self.ema = target
-
-    def update(self, paid: int, accepted: int) -> None:
-        if paid > 0:
-            self.ema = self.alpha * (accepted / paid) + (1 - self.alpha) * self.ema
-
-    def theta(self) -> float:
-        shifted = self.theta0 + self.gain * (self.target - self.ema) / max(self.target, 1e-6)
-        return min(max(shifted, self.theta0 - self.span), min(0.99, self.theta0 + self.span))
-
-    def depth_scale(self) -> float:
-        return min(1.5, max(0.5, self.ema / max(self.target, 1e-6)))

@@ -1,0 +1,305 @@
+"""Oilbird: a lexical host drafter plus the semantic source, merged into one tree (ALGORITHMS.md §7).
+
+Every cycle: the host (GOOSE for `oilbird`; PLD or Token Recycling for the transplants) builds its
+tree at the full node budget. Where that tree drafts anything (the semantic key extends chains, it
+never opens one), the hidden state that predicted the anchor queries the tenant's trace store and
+rejected-branch pool (oilbird/semantic_store.py); each neighbor offers the continuation that
+followed it, with a copy depth sized by its similarity; the chains, best first, re-walk the host
+tree from the root and pay only for the nodes where they diverge, within the semantic entry
+budget (oilbird/semantic_merge.py). The host's last-built nodes give way so the total never
+exceeds the node budget. The same verification forward supplies the records: each committed
+token keyed by the state that predicted it, and each rejected node with the continuation the
+model endorsed from it.
+
+Visibility, one rule for both sources (strictly online):
+- A record harvested by the forward of cycle c (a committed token in the trace store, a rejected
+  node in the rejected pool) is searchable from the proposal of cycle c + 2 on: it skips exactly
+  the next proposal, whose query is the state that predicted the new anchor, the key of one of
+  those very records (it would find itself at similarity 1.0, above any floor).
+- The prompt's records (harvested by the prefill) are searchable from the first proposal, except
+  the anchor's own record, which is that proposal's query: it waits like a forward's record, as if
+  the prefill were the forward of cycle -1.
+- Every record of an earlier request is searchable from the next request's first proposal.
+- A chain never reads past what is committed.
+The rule is held as a `Watermark`: each source's `next_id` taken just before a harvest adds its
+records. Record ids never shift, so the trace store's eviction cannot expose the newest records
+(a bound counted in records would: eviction renumbers them).
+
+Cross-request state: one `SemanticMemory` per tenant in a `TenantMap`: the trace store (cap
+`sem_max_records`, oldest requests evicted first), the rejected pool (a ring of
+`sem_rejected_capacity` records, the oldest overwritten first) and the calibrator (constant
+size); the host keeps its own per-tenant state. `drop_tenant` forgets both; a request of the
+dropped tenant in flight keeps drafting from the memory it holds, and nothing re-creates the
+tenant before its next request.
+
+Ablations are config fields (`sem_*`): entry budget 0 (the controlled pair), `sem_layer=0` (the
+static input-embedding key), `sem_granularity=request` (one query per request), and
+`sem_similarity_depth`, `sem_floor`, `sem_self_calibrate`, `sem_rejected_pool` off.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import torch
+
+from oilbird.drafters.base import Drafter
+from oilbird.drafters.goose import Goose, GooseConfig
+from oilbird.drafters.pld import PLDConfig, PromptLookup
+from oilbird.drafters.registry import register
+from oilbird.drafters.token_recycling import TokenRecycling, TokenRecyclingConfig
+from oilbird.errors import ConfigError
+from oilbird.semantic_memory import SemanticConfig, SemanticMemory, Watermark
+from oilbird.semantic_merge import chain_depth, endorsed_continuation, merge_chains, merge_cost, rank_depth
+from oilbird.semantic_store import normalize
+from oilbird.tenants import TenantMap
+from oilbird.tree import DraftTree
+from oilbird.verifier import PrefillObservation, Verification
+
+
+class SemanticDrafter(Drafter):
+    """A host drafter plus the semantic source. Subclasses set `host_class` and a Config that
+    inherits both the host's config and SemanticConfig."""
+
+    host_class: ClassVar[type[Drafter]]
+
+    def __init__(self, config=None) -> None:
+        super().__init__(config)
+        host_config = self.host_class.Config(**{f.name: getattr(self.config, f.name)
+                                                 for f in fields(self.host_class.Config)})
+        self.host = self.host_class(host_config)
+        self.needs_prefill = True  # the first query (and the prompt's records) come from the prefill
+        self.prefill_topk = self.host.needs_prefill and self.host.prefill_topk
+        self.memories: TenantMap[SemanticMemory] = TenantMap(lambda: SemanticMemory(self.config))
+        self.memory: SemanticMemory | None = None  # the request's; it outlives a drop of its tenant
+        self.watermark = Watermark()
+
+    # --- request lifecycle --------------------------------------------------------------------
+
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
+        super().start_request(request_id, prompt_ids, tenant)
+        self.host.start_request(request_id, prompt_ids, tenant)
+        self.memory = self.memories.get(tenant)
+        if self.memory.store is not None:
+            self.memory.store.begin_request()
+        self.watermark = Watermark.all_of(self.memory)  # no earlier request holds this one's query
+        self.query: torch.Tensor | None = None  # unit state that predicted the anchor, [d]
+        self.request_neighbors: list[tuple[float, int]] | None = None  # granularity=request: (sim, record id)
+        self.request_start = 0  # sequence length when the request's query was made
+        self.paid: list[int] = []
+        self.stats = dict(cycles=0, fired=0, retrieve_s=0.0, merge_s=0.0, harvest_s=0.0,
+                          sem_paid=0, sem_paid_accepted=0)
+
+    def stop_request(self, request_id: str) -> None:
+        self.host.stop_request(request_id)
+        super().stop_request(request_id)
+
+    def drop_tenant(self, tenant: str) -> None:
+        """Forget `tenant`'s semantic memory and the host's state of it (see Drafter.drop_tenant)."""
+        super().drop_tenant(tenant)
+        self.host.drop_tenant(tenant)
+
+    def memory_bytes(self) -> int:
+        """The tenants' semantic memories plus what the host keeps across requests."""
+        return super().memory_bytes() + self.host.memory_bytes()
+
+    def _layer(self, hidden_states) -> torch.Tensor:
+        if hidden_states is None:
+            raise ConfigError(f"{self.name} keys its store by hidden states; "
+                              "run the verifier with collect_hidden=True")
+        try:
+            return hidden_states[self.config.sem_layer]
+        except IndexError:
+            raise ConfigError(f"sem_layer={self.config.sem_layer} is out of range: the model exposes "
+                              f"{len(hidden_states)} hidden states (0 = input embeddings)") from None
+
+    def observe_prefill(self, observation: PrefillObservation) -> None:
+        if self.host.needs_prefill:
+            self.host.observe_prefill(observation)
+        if not observation.tokens:
+            return  # a one-token prompt: no state predicted the anchor
+        t = time.perf_counter()
+        states = self._layer(observation.hidden_states)  # [P, d]; row p predicted prompt[p + 1]
+        store = self.memory.ensure(states)
+        self.query = normalize(states[-1:])[0]  # [d]
+        if self.config.sem_index_prompt:
+            store.add(observation.tokens[1:] + [self.anchor], states)
+        # The anchor's own record (the newest) is this query: it waits like a forward's record.
+        self.watermark = Watermark.all_of(self.memory, but_newest=int(self.config.sem_index_prompt))
+        self.stats["harvest_s"] += time.perf_counter() - t
+
+    def request_stats(self) -> dict:
+        memory = self.memory
+        store = memory.store if memory is not None else None
+        theta = self.config.sem_theta
+        if self.config.sem_self_calibrate and memory is not None:
+            theta = memory.calibrator.theta()
+        return dict(self.stats, theta=theta, store_records=len(store) if store else 0,
+                    bytes_per_record=store.bytes_per_record() if store else 0,
+                    faiss=bool(store and store.uses_faiss()))
+
+    # --- drafting -----------------------------------------------------------------------------
+
+    def entry_budget(self, budget: int) -> int:
+        """Nodes the semantic source may pay for in a cycle of `budget` nodes."""
+        return min(self.config.sem_entry_budget, math.floor(self.config.sem_entry_share * budget))
+
+    def propose(self, budget: int) -> DraftTree:
+        tree = self.host.propose(budget)
+        self.paid = []
+        self.stats["cycles"] += 1
+        entries = self.entry_budget(budget)
+        if entries == 0 or len(tree) <= 1 or self.query is None:
+            return tree  # the key extends lexical drafts; it never opens one
+        t = time.perf_counter()
+        chains = self.retrieve()
+        t2 = time.perf_counter()
+        self.stats["retrieve_s"] += t2 - t
+        if chains:
+            # The host's last-built (lowest-priority) nodes give way to the planned entries.
+            planned = min(entries, sum(merge_cost(tree, chain) for _, chain in chains))
+            tree = tree.truncated(max(1, min(len(tree), budget - planned)))
+            self.paid = merge_chains(tree, chains, entries, budget)
+            self.stats["fired"] += 1
+            self.stats["sem_paid"] += len(self.paid)
+        self.stats["merge_s"] += time.perf_counter() - t2
+        return tree
+
+    def retrieve(self) -> list[tuple[float, list[int]]]:
+        """The semantic chains for this cycle, best first: (similarity, tokens)."""
+        cfg, store, pool = self.config, self.memory.store, self.memory.pool
+        calibrator = self.memory.calibrator
+        theta = calibrator.theta() if cfg.sem_self_calibrate else cfg.sem_theta
+        max_depth = cfg.sem_max_depth
+        if cfg.sem_self_calibrate:
+            max_depth = max(1, round(max_depth * calibrator.depth_scale()))
+        found = self._request_neighbors() if cfg.sem_granularity == "request" else self._position_neighbors()
+        if not found or (cfg.sem_floor and found[0][0] < theta):
+            return []
+        chains = []
+        for rank, (sim, record, rejected) in enumerate(found):
+            depth = chain_depth(sim, theta, max_depth) if cfg.sem_similarity_depth \
+                else rank_depth(rank, max_depth)
+            # Values may read anything committed: the whole store.
+            chain = pool.values[record][:depth] if rejected else store.value(record, depth, len(store))
+            if chain:
+                chains.append((sim, chain))
+        return chains
+
+    def _position_neighbors(self) -> list[tuple[float, int, bool]]:
+        """This cycle's query against both sources: (similarity, store index or pool slot, rejected)."""
+        cfg, mark = self.config, self.watermark
+        sims, indices = self.memory.store.search(self.query, cfg.sem_top_k, mark.trace)
+        found = [(s, i, False) for s, i in zip(sims, indices)]
+        if cfg.sem_rejected_pool:
+            sims, slots = self.memory.pool.search(self.query, self.anchor, cfg.sem_top_k, mark.rejected)
+            found += [(s, slot, True) for s, slot in zip(sims, slots)]
+        return sorted(found, key=lambda f: -f[0])[: cfg.sem_top_k]
+
+    def _request_neighbors(self) -> list[tuple[float, int, bool]]:
+        """The request's one query (made at its first drafting cycle), each neighbor advanced in
+        step with this request's output: (similarity, store index, False)."""
+        store = self.memory.store
+        if self.request_neighbors is None:
+            sims, indices = store.search(self.query, self.config.sem_top_k, self.watermark.trace)
+            self.request_neighbors = [(s, store.id_of(i)) for s, i in zip(sims, indices)]
+            self.request_start = len(self.sequence)
+        advance = len(self.sequence) - self.request_start
+        found = []
+        for sim, record_id in self.request_neighbors:
+            index = store.index_of(record_id)  # ids survive eviction; a negative index was evicted
+            if index >= 0 and index + advance < store.segment_end(index):
+                found.append((sim, index + advance, False))
+        return found
+
+    # --- harvesting ---------------------------------------------------------------------------
+
+    def observe(self, verification: Verification) -> None:
+        self.host.observe(verification)
+        super().observe(verification)
+        t = time.perf_counter()
+        ver, memory = verification, self.memory
+        states = self._layer(ver.hidden_states)  # [N, d]
+        store = memory.ensure(states)
+        if self.paid:
+            accepted = len(set(ver.path) & set(self.paid))
+            self.stats["sem_paid_accepted"] += accepted
+            memory.calibrator.update(len(self.paid), accepted)
+        # The visibility rule: this forward's records, about to be added to both sources, wait
+        # for the proposal after next (the next query is one of their keys).
+        self.watermark = Watermark.all_of(memory)
+        nodes = ([0] + ver.path)[: len(ver.committed)]  # committed token j was predicted by nodes[j]
+        store.add(ver.committed, states[nodes])
+        self.query = normalize(states[nodes[-1]:nodes[-1] + 1])[0]  # [d]
+        if self.config.sem_rejected_pool and self.config.sem_entry_budget > 0:
+            self._harvest_rejected(ver, states)
+        self.stats["harvest_s"] += time.perf_counter() - t
+
+    def _harvest_rejected(self, ver: Verification, states: torch.Tensor) -> None:
+        """Add a record per rejected node: its parent's state [d], its token, the endorsed continuation."""
+        tree, on_path = ver.tree, set(ver.path)
+        rejected = [n for n in range(1, len(tree)) if n not in on_path]
+        if not rejected:
+            return
+        preds = ver.argmax.tolist()
+        depth = self.config.sem_rejected_depth
+        values = [endorsed_continuation(tree, preds, n, depth) for n in rejected]
+        parents = [tree.parents[n] for n in rejected]
+        self.memory.pool.add(states[parents], [tree.tokens[n] for n in rejected], values)  # keys [m, d]
+
+
+@dataclass
+class OilbirdConfig(SemanticConfig, GooseConfig):
+    """Oilbird: GOOSE's two-source tree (GooseConfig fields) plus the semantic source (sem_* fields)."""
+
+    def __post_init__(self) -> None:
+        GooseConfig.__post_init__(self)
+        SemanticConfig.__post_init__(self)
+
+
+@dataclass
+class OilbirdPLDConfig(SemanticConfig, PLDConfig):
+    """The semantic source transplanted into prompt lookup (PLDConfig fields plus sem_* fields)."""
+
+    def __post_init__(self) -> None:
+        PLDConfig.__post_init__(self)
+        SemanticConfig.__post_init__(self)
+
+
+@dataclass
+class OilbirdTRConfig(SemanticConfig, TokenRecyclingConfig):
+    """The semantic source transplanted into Token Recycling (its fields plus sem_* fields)."""
+
+    def __post_init__(self) -> None:
+        TokenRecyclingConfig.__post_init__(self)
+        SemanticConfig.__post_init__(self)
+
+
+@register
+class Oilbird(SemanticDrafter):
+    """Oilbird: GOOSE host + semantic source."""
+
+    name = "oilbird"
+    Config = OilbirdConfig
+    host_class = Goose
+
+
+@register
+class OilbirdPLD(SemanticDrafter):
+    """The semantic source inside prompt lookup, at PLD's unchanged budget."""
+
+    name = "oilbird-pld"
+    Config = OilbirdPLDConfig
+    host_class = PromptLookup
+
+
+@register
+class OilbirdTR(SemanticDrafter):
+    """The semantic source inside Token Recycling, at TR's unchanged budget."""
+
+    name = "oilbird-tr"
+    Config = OilbirdTRConfig
+    host_class = TokenRecycling

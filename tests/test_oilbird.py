@@ -1,0 +1,310 @@
+"""Oilbird and the transplants (oilbird.drafters.oilbird): online, per tenant, lossless."""
+
+import pytest
+import torch
+
+from oilbird.drafters import make_drafter
+from oilbird.drafters.oilbird import OilbirdConfig, OilbirdPLDConfig
+from oilbird.errors import ConfigError
+from oilbird.semantic_store import RejectedPool, TraceStore, normalize
+from oilbird.tree import DraftTree
+from oilbird.verifier import PrefillObservation, Verification
+
+DIM = 8
+STATE = torch.ones(DIM)  # every position has the same state: every record is a perfect neighbor
+
+
+def verification(tree: DraftTree, committed: list[int]) -> Verification:
+    n = len(tree)
+    states = STATE.repeat(n, 1)  # [n, DIM]
+    return Verification(tree=tree, prefix_len=0, argmax=torch.zeros(n, dtype=torch.long),
+                        topk_ids=torch.zeros(n, 10, dtype=torch.long), topk_logits=torch.zeros(n, 10),
+                        hidden_states=(states,), path=[], committed=committed,
+                        finished=False)
+
+
+def serve(drafter, request_id, prompt, output, tenant):
+    """Commit `output` one token per cycle; return every tree proposed."""
+    drafter.start_request(request_id, prompt, tenant)
+    states = STATE.repeat(len(prompt) - 1, 1)
+    drafter.observe_prefill(PrefillObservation(prompt[:-1], torch.zeros(len(prompt) - 1, 0),
+                                               torch.zeros(len(prompt) - 1, 0), (states,)))
+    trees = []
+    for token in output:
+        trees.append(drafter.propose(budget=40))
+        drafter.observe(verification(trees[-1], [token]))
+    drafter.stop_request(request_id)
+    return trees
+
+
+def semantic_tokens(trees):
+    return {t.tokens[n] for t in trees for n in range(1, len(t)) if "sem" in t.sources[n]}
+
+
+def new_drafter(**overrides):
+    # PLD host: a repetitive prompt gives it a lexical match every cycle, so the key may extend it.
+    config = OilbirdPLDConfig(sem_self_calibrate=False, sem_rejected_pool=False, sem_index_prompt=False,
+                              **overrides)
+    return make_drafter("oilbird-pld", config)
+
+
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
+
+
+def output(base: int, n: int = 4) -> list[int]:
+    """[3, 1, 2, base, 3, 1, 2, base + 1, ...]: the prompt's pattern keeps PLD matching."""
+    return [t for i in range(n) for t in (3, 1, 2, base + i)]
+
+
+def test_semantic_source_drafts_only_committed_records_of_its_own_tenant():
+    drafter = new_drafter()
+    serve(drafter, "a1", PROMPT, output(100), "A")
+    trees_b = serve(drafter, "b1", PROMPT, output(200), "B")
+    drafted_b = semantic_tokens(trees_b)
+    assert {t for t in drafted_b if t >= 200}, "the key never fired for tenant B: the test would prove nothing"
+    assert not {t for t in drafted_b if 100 <= t < 110}, "tenant A's tokens reached tenant B"
+    future = output(300)
+    trees_a = serve(drafter, "a2", PROMPT, future, "A")
+    assert {t for t in semantic_tokens(trees_a) if 100 <= t < 110}, "same tenant: A's past should be found"
+    for i, tree in enumerate(trees_a):  # nothing of this request's future, ever
+        unseen = {t for t in future[i:] if t >= 300}
+        assert not set(tree.tokens[1:]) & unseen, f"cycle {i} drafted an uncommitted token"
+
+
+def test_the_cycle_just_committed_is_not_searchable():
+    drafter = new_drafter()
+    drafter.start_request("r", PROMPT, "t")
+    states = STATE.repeat(len(PROMPT) - 1, 1)
+    drafter.observe_prefill(PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0),
+                                               (states,)))
+    tree = drafter.propose(budget=40)
+    drafter.observe(verification(tree, [50]))
+    assert drafter.watermark.trace == drafter.memory.store.next_id - 1  # the record of 50 waits one cycle
+    assert not semantic_tokens([drafter.propose(budget=40)])  # its only record has no value yet
+
+
+def test_entry_budget_zero_gives_exactly_the_host_tree():
+    plain, host = new_drafter(sem_entry_budget=0), make_drafter("pld")
+    for drafter in (plain, host):
+        serve(drafter, "a", PROMPT, output(100), "A")
+    trees = serve(plain, "b", PROMPT, output(100), "A")
+    host.start_request("b", PROMPT, "A")
+    for tree, token in zip(trees, output(100)):
+        expected = host.propose(budget=40)
+        assert tree.tokens == expected.tokens and tree.parents == expected.parents
+        host.observe(verification(expected, [token]))
+
+
+def test_node_budget_is_never_exceeded_and_the_key_never_opens_a_chain():
+    drafter = new_drafter(sem_entry_budget=30, sem_entry_share=1.0)
+    serve(drafter, "a", PROMPT, output(100), "A")
+    drafter.start_request("b", [7, 8, 9], "A")  # no repetition: PLD finds nothing
+    states = STATE.repeat(2, 1)
+    drafter.observe_prefill(PrefillObservation([7, 8], torch.zeros(2, 0), torch.zeros(2, 0),
+                                               (states,)))
+    assert len(drafter.propose(budget=40)) == 1
+    trees = serve(drafter, "c", PROMPT, output(100), "A")
+    assert all(len(t) <= 40 for t in trees) and semantic_tokens(trees)
+
+
+def test_config_errors_are_clear():
+    with pytest.raises(ValueError, match="sem_granularity"):
+        OilbirdConfig(sem_granularity="sentence")
+    drafter = make_drafter("oilbird", OilbirdConfig(sem_layer=40))
+    drafter.start_request("r", PROMPT, "t")
+    states = STATE.repeat(7, 1)
+    with pytest.raises(ConfigError, match="sem_layer=40"):
+        drafter.observe_prefill(PrefillObservation(PROMPT[:-1], torch.zeros(7, 10, dtype=torch.long),
+                                                   torch.zeros(7, 10), (states,)))
+
+
+# --- end to end on the real model ----------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["oilbird", "oilbird-pld", "oilbird-tr"])
+def test_output_equals_greedy_on_api_bank(serve_api_bank, method):
+    """One drafter across 5 API-Bank requests on SmolLM2: every output is the greedy one."""
+    results, tau = serve_api_bank(make_drafter(method), node_budget=60)
+    assert tau > 1.2
+    assert sum(r.accepted_sources.get("sem", 0) for r in results) > 0, "the key never landed"
+    stats = results[-1].drafter_stats
+    assert stats["store_records"] > 0 and stats["bytes_per_record"] > 0 and stats["cycles"] > 0
+
+
+@pytest.mark.parametrize("overrides", [dict(sem_layer=0), dict(sem_granularity="request"),
+                                       dict(sem_key_dtype="int8", sem_index="faiss")])
+def test_ablations_stay_lossless(serve_api_bank, overrides):
+    serve_api_bank(make_drafter("oilbird", OilbirdConfig(**overrides)), node_budget=32)
+
+
+# --- visibility: when a harvested record becomes searchable --------------------------------
+
+HIDDEN = 64  # random states in 64 dims are far apart: only a record's own key is ~1.0 from a query
+MARK = 5000  # the target's argmax in forward g is MARK + g: a rejected record's value names its forward
+
+
+class Harness:
+    """Drives a drafter on fake forwards with random states, logging which harvest added each record.
+
+    The host is replaced by a tree whose node 1 drafts the next token right (it is accepted), so
+    every forward commits two tokens: node 1's and the bonus (unique, or always `bonus` when set).
+    With `rejected`, node 2 drafts `bonus` under the root: a rejected node whose token is the
+    anchor of every later proposal, so each forward leaves a rejected record the pool may answer.
+    """
+
+    def __init__(self, drafter, bonus: int | None = None, rejected: bool = False, seed: int = 0) -> None:
+        self.drafter, self.bonus, self.rejected = drafter, bonus, rejected
+        self.gen = torch.Generator().manual_seed(seed)
+        self.next_token, self.forwards = 1000, 0
+        self.harvest_of: dict[int, object] = {}  # unique token -> "prompt", "anchor" or its forward
+        self.last_keys = torch.empty(0, HIDDEN)  # [m, d] unit keys of the last harvest's records
+        drafter.host.propose = self.host_tree
+
+    def host_tree(self, budget: int) -> DraftTree:
+        tree = DraftTree.chain(self.drafter.anchor, [self.next_token], "pld")
+        if self.rejected:
+            tree.add(0, self.bonus, "pld")
+        return tree
+
+    def take(self, n: int) -> list[int]:
+        self.next_token += n
+        return list(range(self.next_token - n, self.next_token))
+
+    def start(self, request_id: str, prompt_len: int = 6, tenant: str = "t") -> None:
+        prompt = self.take(prompt_len)
+        if self.bonus is not None:
+            prompt[-1] = self.bonus  # every anchor is the bonus: the pool may answer every proposal
+        self.harvest_of.update({t: "prompt" for t in prompt[1:-1]} | {prompt[-1]: "anchor"})
+        self.drafter.start_request(request_id, prompt, tenant)
+        p = prompt_len - 1
+        states = torch.randn(p, HIDDEN, generator=self.gen)  # [p, d]
+        self.drafter.observe_prefill(PrefillObservation(prompt[:-1], torch.zeros(p, 0), torch.zeros(p, 0),
+                                                        (states,)))
+        self.last_keys = normalize(states[-1:])  # the anchor's own record: the first query
+
+    def cycle(self, cycle: int) -> DraftTree:
+        """Propose, then observe forward `cycle` of the request (0-based)."""
+        tree = self.drafter.propose(budget=40)
+        n = len(tree)
+        committed = self.take(1) + ([self.bonus] if self.bonus is not None else self.take(1))
+        self.harvest_of.update({t: cycle for t in committed if t != self.bonus})
+        states = torch.randn(n, HIDDEN, generator=self.gen)  # [n, d]
+        argmax = torch.full((n,), MARK + self.forwards)
+        self.drafter.observe(Verification(tree=tree, prefix_len=0, argmax=argmax,
+                                          topk_ids=argmax[:, None].repeat(1, 10), topk_logits=torch.zeros(n, 10),
+                                          hidden_states=(states,), path=[1], committed=committed,
+                                          finished=False))
+        self.last_keys = normalize(states[:2])  # committed token j was predicted by ([root] + path)[j]
+        self.forwards += 1
+        return tree
+
+
+def spy_on(monkeypatch, cls, log: list, read) -> None:
+    """Log `read(structure, ids)` for every `cls.search` answer, at the moment it is given (a later
+    add may evict and renumber), while the search keeps working."""
+    original = cls.search
+
+    def search(self, *args, **kwargs):
+        sims, ids = original(self, *args, **kwargs)
+        log.append(read(self, list(ids)))
+        return sims, ids
+
+    monkeypatch.setattr(cls, "search", search)
+
+
+def store_keys(store, ids) -> torch.Tensor:
+    return torch.stack([store.keys.rows(i, i + 1)[0] for i in ids]) if ids else torch.empty(0, HIDDEN)  # [m, d]
+
+
+def store_tokens(store, ids) -> set[int]:
+    return {store.tokens[i] for i in ids}
+
+
+def pool_forwards(pool, slots) -> set[int]:
+    return {pool.values[s][0] - MARK for s in slots}  # the forward that harvested each record
+
+
+def probe_drafter(**overrides):
+    config = OilbirdPLDConfig(**dict(dict(sem_self_calibrate=False, sem_floor=False, sem_index="exact",
+                                          sem_top_k=64, sem_rejected_pool=False), **overrides))
+    return make_drafter("oilbird-pld", config)
+
+
+@pytest.mark.parametrize("granularity", ["position", "request"])
+def test_eviction_never_makes_the_cycle_just_committed_searchable(monkeypatch, granularity):
+    """A store of 12 records evicts every other cycle; no search may return a record of the
+    harvest just made, above all the query's own record (its similarity 1.0 would pass any floor)."""
+    searches: list = []
+    spy_on(monkeypatch, TraceStore, searches, store_keys)
+    harness = Harness(probe_drafter(sem_max_records=12, sem_top_k=8, sem_granularity=granularity))
+    checked = 0
+    for r in range(3):
+        harness.start(f"r{r}")
+        for c in range(8):
+            keys_before = harness.last_keys
+            n = len(searches)
+            harness.cycle(c)
+            for keys in searches[n:]:
+                similarity = float((keys @ keys_before.T).max()) if len(keys) else 0.0  # [m, m'] -> max
+                assert similarity < 0.9, f"request {r} cycle {c}: searched a record of the harvest just made"
+                checked += 1
+        harness.drafter.stop_request(f"r{r}")
+    store = harness.drafter.memory.store
+    assert checked and store.evicted_records > 20, "the store never evicted: the test would prove nothing"
+
+
+def test_a_trace_record_is_searchable_from_the_second_proposal_after_its_harvest(monkeypatch):
+    """Forward c's records skip proposal c + 1 and are searchable from proposal c + 2 on; prompt
+    records from the first proposal, except the anchor's own (it is the query) from the second;
+    every record of an earlier request from the next request's first proposal."""
+    searches: list = []
+    spy_on(monkeypatch, TraceStore, searches, store_tokens)
+    harness = Harness(probe_drafter())
+    earlier: set[int] = set()  # the records of earlier requests
+    for r in range(2):
+        harness.start(f"r{r}")
+        for p in range(6):
+            n = len(searches)
+            harness.cycle(p)
+            found = searches[n]
+            expected = {t for t, h in harness.harvest_of.items()
+                        if h == "prompt" or (h == "anchor" and p >= 1)
+                        or (isinstance(h, int) and h <= p - 2)} | earlier
+            assert found == expected, f"request {r}, proposal {p}"
+        earlier |= set(harness.harvest_of)
+        harness.harvest_of.clear()
+        harness.drafter.stop_request(f"r{r}")
+
+
+def test_a_rejected_record_is_searchable_from_the_second_proposal_after_its_harvest(monkeypatch):
+    """The same rule for the rejected-branch pool: forward c's records skip proposal c + 1; every
+    record of an earlier request is searchable from the next request's first proposal."""
+    searches: list = []
+    spy_on(monkeypatch, RejectedPool, searches, pool_forwards)
+    harness = Harness(probe_drafter(sem_rejected_pool=True), bonus=7, rejected=True)
+    first_forward = 0
+    for r in range(2):
+        harness.start(f"r{r}")
+        for p in range(6):
+            n = len(searches)
+            harness.cycle(p)
+            found = searches[n]  # forwards, counted over requests
+            # Every forward of earlier requests, and this request's up to p - 2.
+            expected = set(range(first_forward)) | set(range(first_forward, first_forward + p - 1))
+            assert found == expected, f"request {r}, proposal {p}"
+        first_forward = harness.forwards
+        harness.drafter.stop_request(f"r{r}")
+
+
+def test_a_tenant_dropped_before_its_first_states_is_not_built_again():
+    """The store is built at the first hidden states; a drop before them leaves the request its
+    own memory, and neither the prefill nor the forwards register it under the tenant again."""
+    drafter = new_drafter()
+    drafter.start_request("r", PROMPT, "A")
+    drafter.drop_tenant("A")
+    states = STATE.repeat(len(PROMPT) - 1, 1)
+    drafter.observe_prefill(PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0), (states,)))
+    for token in output(100, 2):
+        drafter.observe(verification(drafter.propose(budget=40), [token]))
+    drafter.stop_request("r")
+    assert "A" not in drafter.memories and drafter.memory_bytes() == 0
+    assert len(drafter.memory.store) > 0  # the request kept harvesting into its orphaned memory

@@ -1,0 +1,96 @@
+"""The semantic memory on hand-built keys (oilbird.semantic_store): search, eviction, record ids."""
+
+import pytest
+import torch
+
+from oilbird.semantic_store import KeyMatrix, RejectedPool, TraceStore, normalize
+
+
+def basis(i: int, dim: int = 8) -> torch.Tensor:
+    v = torch.zeros(dim)
+    v[i] = 1.0
+    return v
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_key_matrix_scores_are_cosines_and_survive_growth(dtype):
+    keys = KeyMatrix(16, "cpu", dtype)
+    gen = torch.Generator().manual_seed(0)
+    raw = torch.randn(3000, 16, generator=gen)  # more than the initial capacity: forces a regrowth
+    keys.append(normalize(raw))
+    query = normalize(torch.randn(1, 16, generator=gen))[0]
+    expected = normalize(raw) @ query
+    assert torch.allclose(keys.scores(query, 3000), expected, atol=0.02)
+    assert keys.bytes_per_row() == (32 if dtype == "float16" else 20)
+
+
+def test_store_search_respects_visibility_and_values_stop_at_the_request_end():
+    store = TraceStore(8, index="exact")
+    store.begin_request()
+    store.add([10, 11, 12], torch.stack([basis(0), basis(1), basis(2)]))
+    store.begin_request()
+    store.add([20, 21], torch.stack([basis(2), basis(3)]))
+    sims, ids = store.search(basis(2), k=2, before_id=5)
+    assert set(ids) == {2, 3} and sims[0] == pytest.approx(1.0, abs=1e-3)
+    _, ids = store.search(basis(2), k=1, before_id=3)  # record 3 not visible yet
+    assert ids == [2]
+    assert store.value(0, 5, len(store)) == [11, 12]  # never runs into the next request
+    assert store.value(3, 5, len(store)) == [21]
+    assert store.value(3, 5, visible_end=4) == []  # nor past what is committed
+
+
+def test_store_evicts_oldest_requests_first():
+    store = TraceStore(8, max_records=10, index="exact")
+    for r in range(4):
+        store.begin_request()
+        store.add([100 * r + i for i in range(4)], torch.stack([basis(i) for i in range(4)]))
+    assert len(store) <= 10 and store.evicted_records >= 6
+    assert store.tokens[0] % 100 == 0  # a whole request went
+    assert store.value(0, 10, len(store)) == store.tokens[1:4]
+
+
+def test_faiss_index_agrees_with_exact_search():
+    gen = torch.Generator().manual_seed(1)
+    keys = torch.randn(500, 16, generator=gen)
+    exact, ann = TraceStore(16, index="exact"), TraceStore(16, index="faiss")
+    for store in (exact, ann):
+        store.add(list(range(500)), keys)
+    for q in range(5):
+        query = normalize(torch.randn(1, 16, generator=gen))[0]
+        assert exact.search(query, 1, 500)[1] == ann.search(query, 1, 500)[1]
+    _, ids = ann.search(normalize(keys[499:500])[0], 3, before_id=499)
+    assert 499 not in ids and len(ids) == 3  # invisible records are filtered out of FAISS answers
+
+
+def test_rejected_pool_matches_the_anchor_token_and_the_watermark():
+    pool = RejectedPool(capacity=4, dim=8)
+    pool.add(torch.stack([basis(0), basis(0)]), [5, 6], [[7, 8], [9]])  # ids 0, 1
+    assert pool.next_id == 2
+    assert pool.search(basis(0), anchor=6, k=4, before_id=2)[1] == [1]
+    assert pool.search(basis(0), anchor=6, k=4, before_id=1) == ([], [])  # id 1 is not below 1
+    assert pool.search(basis(0), anchor=99, k=4, before_id=2) == ([], [])
+    pool.add(torch.stack([basis(1)] * 3), [1, 2, 3], [[1], [2], [3]])  # ids 2-4: id 4 overwrites id 0
+    assert pool.size == 4 and pool.next_id == 5
+    assert pool.search(basis(0), anchor=5, k=4, before_id=5) == ([], [])
+    _, slots = pool.search(basis(1), anchor=3, k=4, before_id=5)
+    assert slots == [4 % 4] and pool.values[slots[0]] == [3]  # record id lives in slot id % capacity
+    pool.add(torch.stack([basis(2)] * 6), list(range(10, 16)), [[t] for t in range(10, 16)])  # > capacity
+    assert pool.next_id == 11 and sorted(pool.ids.tolist()) == [7, 8, 9, 10]  # only the newest 4 kept
+
+
+def test_record_ids_survive_eviction():
+    store = TraceStore(8, max_records=10, index="exact")
+    for r in range(3):
+        store.begin_request()
+        store.add([100 * r + i for i in range(4)], torch.stack([basis(i) for i in range(4)]))
+    assert store.evicted_records > 0 and store.next_id == 12
+    assert store.id_of(0) == store.evicted_records and store.index_of(store.id_of(3)) == 3
+    assert store.index_of(0) < 0  # evicted
+    newest = store.index_of(11)
+    assert store.tokens[newest] == 203
+    assert store.count_before(11) == newest and store.count_before(0) == 0 and store.count_before(99) == len(store)
+    # A watermark taken before an add that evicts still hides exactly the added records.
+    mark = store.next_id
+    store.add([300, 301, 302], torch.stack([basis(5), basis(6), basis(7)]))
+    _, ids = store.search(basis(7), k=20, before_id=mark)
+    assert {store.tokens[i] for i in ids}.isdisjoint({300, 301, 302}) and len(ids) == store.count_before(mark)
