@@ -37,3 +37,23 @@ def test_no_function_is_longer_than_a_screen():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES:
                 long[f"{path.relative_to(SRC)}:{node.name}"] = _body_lines(node)
     assert not long, f"split these functions (body lines > {MAX_FUNCTION_LINES}): {long}"
+
+
+def test_one_name_per_thing_no_two_classes_share_a_name():
+    seen: dict[str, list[str]] = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(str(path.relative_to(SRC)))
+    assert not {name: where for name, where in seen.items() if len(where) > 1}
+
+
+BRITISH = ("normalise", "summarise", "neighbour", "tokenise", "labelled", "colour", "behaviour", "honour",
+           "memoise", "optimise", "initialise", "serialise", "recognise", "maximise", "minimise")
+
+
+def test_one_spelling_american_throughout_the_code():
+    found = {f"{path.relative_to(SRC)}:{i}": word for path in _modules()
+             for i, line in enumerate(path.read_text().lower().splitlines(), 1)
+             for word in BRITISH if word in line}
+    assert not found, f"use the American spelling: {found}"
