@@ -61,3 +61,18 @@ def test_drafter_time_includes_observe_and_bookkeeping_is_the_verifiers(tmp_path
     old = [_record("ar", "r0", dict(lossless=True), draft_s=0.1, forward_s=0.6, bookkeeping_s=0.3)]
     (tmp_path / "records.jsonl").write_text(json.dumps(old[0]) + "\n")
     assert "| ar | 1 | 10 | 5 | 2.00 | 10.0 | 1.00x | 1.00x | 1/1 | – | – |" in report(tmp_path)
+
+
+def test_a_damaged_records_file_is_a_clear_error(tmp_path):
+    import pytest
+
+    from oilbird.errors import DatasetError
+    from oilbird.tables import report
+
+    good = json.dumps(_record("ar", "r0", dict(lossless=True), **SPLIT))
+    (tmp_path / "records.jsonl").write_text(good + "\nnot json\n")
+    with pytest.raises(DatasetError, match=r"records.jsonl:2 is not JSON"):
+        report(tmp_path)
+    (tmp_path / "records.jsonl").write_text(good + '\n{"method": "ar"}\n')
+    with pytest.raises(DatasetError, match=r"records.jsonl:2 is not a benchmark record \(missing request_id"):
+        report(tmp_path)

@@ -136,16 +136,33 @@ def format_table(rows: list[dict], config) -> str:
     return "\n".join(lines)
 
 
+RECORD_FIELDS = ("method", "request_id", "new_tokens", "forwards", "wall_s")
+"""Fields every record of `oilbird bench` has, and that the tables need."""
+
+
 def read_records(run_dir: Path) -> list[dict]:
     """The records of an `oilbird bench --out run_dir` run, in serving order.
 
     Raises:
-        DatasetError: the directory holds no records, or an empty file.
+        DatasetError: the directory holds no records, an empty file, or a line that is not a
+            record (naming the file and line).
     """
     path = run_dir / "records.jsonl"
     if not path.exists():
         raise DatasetError(f"no benchmark records at {path}; run `oilbird bench --out {run_dir}` first")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{path}:{number} is not JSON ({err.msg}); the file is damaged: "
+                               "re-run the benchmark, or delete that line") from None
+        missing = [f for f in RECORD_FIELDS if not isinstance(record, dict) or f not in record]
+        if missing:
+            raise DatasetError(f"{path}:{number} is not a benchmark record (missing {', '.join(missing)})")
+        records.append(record)
     if not records:
         raise DatasetError(f"{path} is empty: the run was stopped before its first request")
     return records
