@@ -72,7 +72,7 @@ def test_token_cap_evicts_the_oldest_responses_first():
     commit(ref, ref.propose(16), 60)  # 3 + 3 + 1 = 7 tokens: all fit
     assert list(state.lengths) == ["a", "b", "c"] and state.num_tokens == 7
     commit(ref, ref.propose(16), 61)  # the 8th token: the oldest response, a, makes room
-    assert list(state.lengths) == ["b", "c"] and set(state.cache.cached_requests) == {"b", "c"}
+    assert list(state.lengths) == ["b", "c"] and set(state.arctic.cached_requests) == {"b", "c"}
     assert state.num_tokens == 5 and ref.memory_bytes() == 5 * 400
     ref.stop_request("c")
 
@@ -86,7 +86,7 @@ def test_a_response_alone_over_the_cap_leaves_the_global_tree():
     for token in [5, 6, 7, 8, 9, 10, 11, 9]:
         commit(ref, ref.propose(16), token)
         assert state.num_tokens <= 4
-    assert not state.cache.cached_requests and not state.lengths  # evicted, unlike ours
+    assert not state.arctic.cached_requests and not state.lengths  # evicted, unlike ours
     assert ref.propose(64).tokens[1:] == [10]  # the local tree still holds the whole request
     ref.stop_request("long")
 

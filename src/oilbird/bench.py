@@ -159,12 +159,16 @@ class Harness:
         # FLy methods verify with the loose rule: a verifier of their own (lossy, never audited as lossless).
         self.verifiers = {spec: TreeVerifier(loaded.model, loaded.stop_ids, verifier_config, fly=fly)
                           for _, spec, _ in self.variants if (fly := fly_config(spec)) is not None}
-        # 'auto' budgets need the forward cost of the very verifier their method runs with.
+        # 'auto' budgets need the cost of the very verifier their method runs with: one curve
+        # per verifier (the strict one, or a FLy spec's own), shared by its methods.
         self.curves: dict[str, CostCurve] = {}
+        measured: dict[int, CostCurve] = {}  # id(verifier) -> its curve
         for _, spec, budget in self.variants:
-            if budget == "auto" and spec not in self.curves:
-                self.curves[spec] = load_or_measure(loaded, self.verifier_of(spec), budget_config,
-                                                    default_cache_dir())
+            verifier = self.verifier_of(spec)
+            if budget == "auto" and id(verifier) not in measured:
+                measured[id(verifier)] = load_or_measure(loaded, verifier, budget_config, default_cache_dir())
+            if budget == "auto":
+                self.curves[spec] = measured[id(verifier)]
         self.models: dict = {}  # drafter LLMs ('draft' method), loaded once per run
         self.drafters = {label: self.new_drafter(spec) for label, spec, _ in self.variants if is_drafter(spec)}
         self.policies = {label: p for label, spec, b in self.variants if (p := self.new_policy(spec, b))}

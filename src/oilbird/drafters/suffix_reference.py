@@ -46,12 +46,12 @@ class _TenantCache:
     """One tenant's Arctic cache plus our count of each cached response's tokens.
 
     Args:
-        cache: a fresh `SuffixDecodingCache`.
+        cache: a fresh `SuffixDecodingCache` (kept as `arctic`).
         max_tokens: the most cached tokens over all responses.
     """
 
     def __init__(self, cache, max_tokens: int) -> None:
-        self.cache = cache
+        self.arctic = cache
         self.max_tokens = max_tokens
         self.lengths: OrderedDict[str, int] = OrderedDict()
         """request id -> tokens in the global tree, oldest first, for every cached response."""
@@ -59,18 +59,18 @@ class _TenantCache:
 
     def start(self, request_id: str, prompt_ids: list[int]) -> None:
         """Start a request in Arctic and mirror its (FIFO, request-capped) bookkeeping."""
-        if request_id in self.cache.cached_requests:  # a re-run: drop its old answer
+        if request_id in self.arctic.cached_requests:  # a re-run: drop its old answer
             self.evict(request_id)
-        self.cache.start_request(request_id, prompt_ids)
+        self.arctic.start_request(request_id, prompt_ids)
         self._forget_evicted()
-        if request_id in self.cache.cached_requests:
+        if request_id in self.arctic.cached_requests:
             self.lengths[request_id] = 0
 
     def add(self, request_id: str, tokens: list[int]) -> None:
         """Add committed tokens of the active request, evicting older responses to fit them."""
         if request_id in self.lengths and not self._make_room(request_id, len(tokens)):
             self.evict(request_id)  # it alone would pass the cap (see the module docstring)
-        self.cache.add_active_response(request_id, tokens)
+        self.arctic.add_active_response(request_id, tokens)
         if request_id in self.lengths:
             self.lengths[request_id] += len(tokens)
             self.num_tokens += len(tokens)
@@ -90,13 +90,13 @@ class _TenantCache:
 
     def evict(self, request_id: str) -> None:
         """Evict a cached response from Arctic's global tree and from our count."""
-        self.cache.evict_cached_response(request_id)
+        self.arctic.evict_cached_response(request_id)
         self.num_tokens -= self.lengths.pop(request_id, 0)
 
     def _forget_evicted(self) -> None:
         # Arctic's request cap evicts oldest first, the order of `lengths`, so whatever it
         # evicted sits at the front.
-        cached = self.cache.cached_requests
+        cached = self.arctic.cached_requests
         while self.lengths:
             oldest = next(iter(self.lengths))
             if oldest in cached:
@@ -141,7 +141,7 @@ class SuffixReference(Drafter):
         self.cache.add(self.request_id, list(verification.committed))
 
     def stop_request(self, request_id: str) -> None:
-        self.cache.cache.stop_request(request_id)
+        self.cache.arctic.stop_request(request_id)
         super().stop_request(request_id)
 
     def propose(self, budget: int) -> DraftTree:
@@ -150,7 +150,7 @@ class SuffixReference(Drafter):
         tree = DraftTree.root(self.anchor)
         if limit < 1:
             return tree
-        draft = self.cache.cache.speculate(
+        draft = self.cache.arctic.speculate(
             self.request_id, self.sequence[-cfg.max_depth:], max_spec_tokens=limit,
             max_spec_factor=cfg.max_spec_factor, max_spec_offset=cfg.max_spec_offset,
             min_token_prob=cfg.min_token_prob, use_tree_spec=cfg.use_tree)
