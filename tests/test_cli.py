@@ -122,7 +122,8 @@ def test_diagnose_refuses_a_comparison_run_over_other_requests(capsys, tmp_path,
     monkeypatch.setattr(oilbird.models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
     run = tmp_path / "run"
     run.mkdir()
-    (run / "records.jsonl").write_text(json.dumps(dict(method="oilbird", request_id="level-1-api/0")) + "\n")
+    (run / "records.jsonl").write_text(json.dumps(dict(method="oilbird", request_id="level-1-api/0", new_tokens=4,
+                                                       forwards=2, wall_s=1.0)) + "\n")
     code, _, err = run_cli(capsys, "diagnose", "--dataset", "api-bank/level-1-api", "--limit", "2",
                            "--compare-run", str(run))
     assert code == 2 and "not the same" in err and "--per-category" in err
