@@ -40,3 +40,23 @@ def test_later_loads_read_the_converted_copy(lm, cache):
     ids = torch.tensor([lm.encode_text("The quick brown fox")])
     with torch.no_grad():
         assert torch.equal(lm.model(ids).logits, again.model(ids).logits)
+
+
+def test_the_copy_stores_tied_embeddings_under_the_name_every_engine_reads(lm):
+    # vLLM reads a tied LM head from the input embedding's tensor; a copy holding only
+    # `lm_head.weight` loads into vLLM with an empty embedding and decodes token 0 forever.
+    from safetensors import safe_open
+
+    assert lm.model.config.tie_word_embeddings
+    with safe_open(str(Path(lm.source) / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        embedding = f.get_tensor("model.embed_tokens.weight")
+    assert "lm_head.weight" not in names
+    assert torch.equal(embedding, lm.model.get_input_embeddings().weight.detach())
+    assert torch.equal(embedding, lm.model.get_output_embeddings().weight.detach())  # re-tied on load
+
+
+def test_a_copy_in_the_old_layout_is_not_reused(lm, cache):
+    # Copies written before the layout fix lack the embedding's name; the version tag in the
+    # directory name keeps them from being read again.
+    assert Path(lm.source).name.endswith("-v2")

@@ -70,3 +70,20 @@ def test_truncated_keeps_a_valid_prefix():
     assert tree.tokens == [5, 7, 9, 8] and tree.parents == [-1, 0, 1, 0]
     assert tree.child(0, 8) == 3 and tree.child(3, 9) is None
     assert small_tree().truncated(0).tokens == [5]  # the root always stays
+
+
+def test_best_path_follows_the_highest_scored_child_and_the_earliest_on_a_tie():
+    tree = DraftTree.root(7)
+    a = tree.add(0, 1, "x", 0.5)
+    b = tree.add(0, 2, "y", 0.9)
+    tree.add(a, 3, "x", 1.0)
+    c = tree.add(b, 4, "y", 0.3)
+    d = tree.add(b, 5, "z", 0.3)
+    tree.add(c, 6, "y", 0.1)
+    assert tree.best_path(10) == [b, c, c + 2]
+    assert tree.best_path(1) == [b]
+    assert tree.best_path(0) == [] and DraftTree.root(7).best_path(5) == []
+    chain = tree.chain_along(tree.best_path(2))
+    assert chain.tokens == [7, 2, 4] and chain.parents == [-1, 0, 1] and chain.depths == [0, 1, 2]
+    assert chain.sources[1:] == [{"y"}, {"y"}] and chain.scores[1:] == [0.9, 0.3]
+    assert chain.child(1, 4) == 2 and d == c + 1

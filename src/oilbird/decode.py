@@ -116,7 +116,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
         prompt_ids: the tokenized prompt.
         config: limits (max_new_tokens, node budget).
         max_context: the model's context length; generation stops when it is full.
-        request_id: a name for records and for drafters that key state by request.
+        request_id: the request's name in records and in the drafter (unique among its requests in flight).
         tenant: whose cross-request pool the request drafts from and joins.
         budget_policy: picks each forward's budget (up to `config.node_budget`); None: fixed.
 
@@ -137,7 +137,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
         t = time.perf_counter()
         if drafter.needs_prefill:
             state, observation = verifier.prefill_observed(prompt_ids, topk=drafter.prefill_topk)
-            drafter.observe_prefill(observation)
+            drafter.observe_prefill(request_id, observation)
         else:
             state = verifier.prefill(prompt_ids)
         result.prefill_s = time.perf_counter() - t
@@ -152,7 +152,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             budget = min(config.node_budget, room)
             if budget_policy is not None:
                 budget = min(budget, budget_policy.choose())
-            tree = drafter.propose(budget).truncated(budget)
+            tree = drafter.propose(request_id, budget).truncated(budget)
             result.propose_s += time.perf_counter() - t
             ver = verifier.verify(state, tree)
             result.forward_s += ver.forward_s
@@ -170,13 +170,13 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             if budget_policy is not None:
                 budget_policy.observe(budget, len(tree), ver.path)
             t_observe = time.perf_counter()
-            drafter.observe(ver)
+            drafter.observe(request_id, ver)
             result.observe_s += time.perf_counter() - t_observe
             result.bookkeeping_s += ver.bookkeeping_s + t_observe - t
             if ver.finished and committed and committed[-1] in verifier.stop_ids:
                 result.finish_reason = "stop"
                 break
-        result.drafter_stats = drafter.request_stats()
+        result.drafter_stats = drafter.request_stats(request_id)
     finally:
         drafter.stop_request(request_id)
     result.wall_s = time.perf_counter() - start

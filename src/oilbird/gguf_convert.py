@@ -61,7 +61,7 @@ def save_converted(model, tokenizer, target: Path) -> None:
     Raises:
         OSError: the copy could not be written.
     """
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
@@ -73,7 +73,7 @@ def save_converted(model, tokenizer, target: Path) -> None:
             del config.quantization_config
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"))  # handles tied embeddings
+        save_file(_engine_neutral_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
         try:
             os.rename(tmp, target)
@@ -83,6 +83,34 @@ def save_converted(model, tokenizer, target: Path) -> None:
             # another process converted the same file first; its copy is equivalent
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _engine_neutral_state(model) -> dict[str, torch.Tensor]:
+    """The model's tensors under the names every engine reads, one tensor per storage.
+
+    With tied embeddings the input embedding and the LM head share one tensor. safetensors'
+    `save_model` keeps one of the two names (it kept `lm_head.weight`); transformers re-ties
+    either, but vLLM reads tied weights from the input embedding's name only
+    (`model.embed_tokens.weight`), leaves the embedding empty and emits token 0 at every step.
+    So keep the input embedding's name and drop the head's, as `save_pretrained` does.
+    """
+    state = model.state_dict()
+    embedding = model.get_input_embeddings()
+    keep = next(f"{name}.weight" for name, module in model.named_modules() if module is embedding)
+    out: dict[str, torch.Tensor] = {}
+    saved: set[int] = set()
+    for name in [keep] + [n for n in state if n != keep]:
+        tensor = state[name]
+        if tensor.data_ptr() in saved:  # a tied alias of a tensor already saved: engines re-tie it
+            continue
+        saved.add(tensor.data_ptr())
+        out[name] = tensor.detach().contiguous()
+    return out
+
+
+_FORMAT = "v2"
+"""Bumped when the converted copy's layout changes, so that older copies are rebuilt (v2: tied
+embeddings stored as `model.embed_tokens.weight`, which vLLM needs)."""
 
 
 def load_gguf(path: Path, sha: str, cache_dir: Path, dtype: torch.dtype, log: Log):
@@ -102,7 +130,7 @@ def load_gguf(path: Path, sha: str, cache_dir: Path, dtype: torch.dtype, log: Lo
     """
     import transformers
 
-    converted = cache_dir / "converted" / f"{sha}-transformers-{transformers.__version__}"
+    converted = cache_dir / "converted" / f"{sha}-transformers-{transformers.__version__}-{_FORMAT}"
     if (converted / "config.json").is_file():
         try:
             return (*load_pretrained(converted, dtype), converted)

@@ -128,6 +128,40 @@ class DraftTree:
             node = self.parents[node]
         return path[::-1]
 
+    def best_path(self, max_len: int) -> list[int]:
+        """The tree's best root-to-leaf path, for engines that verify chains only (e.g. vLLM).
+
+        From the root, step to the child with the highest score, the earliest-built on a tie
+        (drafters build their most promising nodes first), until a leaf or `max_len` nodes.
+
+        Returns:
+            Node indices, root excluded, at most `max_len` of them.
+        """
+        path: list[int] = []
+        node = 0
+        while len(path) < max_len:
+            children = self.children(node)
+            if not children:
+                break
+            node = max(children, key=lambda c: (self.scores[c], -c))
+            path.append(node)
+        return path
+
+    def chain_along(self, path: Sequence[int]) -> "DraftTree":
+        """The chain root -> path[0] -> ... as a tree of its own, each node keeping its sources
+        and score; `path` is a root-to-node path such as `best_path` returns."""
+        chain = DraftTree.root(self.tokens[0])
+        for node in path:
+            index = len(chain)
+            chain.tokens.append(self.tokens[node])
+            chain.parents.append(index - 1)
+            chain.sources.append(set(self.sources[node]))
+            chain.scores.append(self.scores[node])
+            chain.depths.append(index)
+            chain._children.append({})
+            chain._children[index - 1][self.tokens[node]] = index
+        return chain
+
     # --- what the verifier needs -----------------------------------------------------------
 
     def ancestor_matrix(self) -> np.ndarray:

@@ -13,5 +13,5 @@ class Autoregressive(Drafter):
 
     name = "ar"
 
-    def propose(self, budget: int) -> DraftTree:
-        return DraftTree.root(self.anchor)
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        return DraftTree.root(self.state(request_id).anchor)

@@ -1,45 +1,71 @@
-"""The drafter protocol shared by every method.
+"""The drafter protocol shared by every method: one drafter instance serves many requests at once.
 
-A drafter lives as long as a benchmark (or a long-running process) and serves requests one at a time:
+A drafter lives as long as a benchmark or a server. Requests are keyed by id, so one instance
+serves concurrent requests (vLLM batches many; our own decode loop serves one at a time through
+the very same calls):
 
-    drafter.attach(loaded_target)                     # once: drafters with a model of their own load it
-    drafter.start_request(request_id, prompt_ids, tenant)  # a new request begins
+    drafter.attach(loaded_target)                             # once: drafters with a model load it
+    drafter.start_request(request_id, prompt_ids, tenant)     # a new request begins
+    drafter.observe_prefill(request_id, observation)          # only when `needs_prefill`
     loop:
-        tree = drafter.propose(budget)                # a DraftTree rooted at the anchor, <= budget nodes
-        drafter.observe(verification)                 # what was committed + what the forward computed
-    drafter.stop_request(request_id)                  # the request ended (its text may join a pool)
+        tree = drafter.propose(request_id, budget)            # a DraftTree at the anchor, <= budget nodes
+        drafter.observe(request_id, verification)             # what was committed + what the forward computed
+    stats = drafter.request_stats(request_id)
+    drafter.stop_request(request_id)                          # the request ended (its text may join a pool)
 
+Per-request state lives in a `RequestState` (a dataclass; each drafter subclasses it as its
+`State`) held in `self.requests[request_id]`; nothing of one request is kept on the instance.
 Cross-request drafters keep one pool per *tenant* (a name chosen by the caller; the benchmark uses
 one per dataset) in a `TenantMap` (oilbird/tenants.py), never let one tenant's traffic reach
 another's drafts, bound each tenant's state by a cap in their config, and forget a tenant on
 `drop_tenant(tenant)`.
 
-The drafter keeps its own copy of the committed sequence (prompt + output); `propose` roots its
-tree at the last committed token, the anchor. `observe` receives the full `Verification`: the
-committed tokens and, for every node of the verified tree (rejected ones included), the target's
-argmax, top-k ids and hidden state. A drafter may only use what was committed before the moment
-it proposes; the harness never shows it anything else.
+The state keeps the request's committed sequence (prompt + output); `propose` roots its tree at
+the last committed token, the anchor. `observe` receives the `Verification`: the committed
+tokens and, for every node of the verified tree (rejected ones included), the target's argmax
+and, where the engine computes them, its top-k ids and hidden states. A drafter may only use
+what was committed before the moment it proposes; the harness never shows it anything else.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import ClassVar
 
+from oilbird.errors import ConfigError
 from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
 from oilbird.verifier import PrefillObservation, Verification
 
 
-class Drafter:
-    """Base class: holds the request's committed sequence; subclasses override `propose`.
+@dataclass
+class RequestState:
+    """What a drafter keeps for one request in flight; drafters subclass it with their fields
+    (each with a default, filled in by their `start_request`)."""
 
-    Subclasses set `name`, `Config` (a dataclass with the paper's defaults) and may override
-    `start_request`, `observe` and `stop_request`, calling `super()` to keep `self.sequence`.
+    request_id: str
+    tenant: str
+    sequence: list[int]
+    """The committed sequence: prompt, then every committed token."""
+
+    @property
+    def anchor(self) -> int:
+        """The last committed token: the root of the next tree."""
+        return self.sequence[-1]
+
+
+class Drafter:
+    """Base class: keeps each request's committed sequence; subclasses override `propose`.
+
+    Subclasses set `name`, `Config` (a dataclass with the paper's defaults), `State` (a
+    `RequestState` subclass) and may override `start_request`, `observe` and `stop_request`,
+    calling `super()`, which returns the request's state.
     """
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = type("NoConfig", (), {})
+    State: ClassVar[type[RequestState]] = RequestState
     needs_prefill: ClassVar[bool] = False
     """True when the drafter harvests the prefill (top-k and hidden state at every prompt position)."""
     needs_target: ClassVar[bool] = False
@@ -49,14 +75,8 @@ class Drafter:
 
     def __init__(self, config=None) -> None:
         self.config = config if config is not None else self.Config()
-        self.sequence: list[int] = []
-        self.request_id: str | None = None
-        self.tenant = "default"
-
-    @property
-    def anchor(self) -> int:
-        """The last committed token: the root of the next tree."""
-        return self.sequence[-1]
+        self.requests: dict[str, RequestState] = {}
+        """request id -> state, for every request in flight."""
 
     def attach(self, target, models: dict | None = None) -> None:
         """Meet the target model (a `LoadedModel`) before the first request.
@@ -70,29 +90,54 @@ class Drafter:
             ModelError: if the drafter cannot work with this target.
         """
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
-        """Begin serving a request of `tenant` whose prompt is `prompt_ids` (already committed)."""
-        self.request_id = request_id
-        self.tenant = tenant
-        self.sequence = list(prompt_ids)
+    def state(self, request_id: str) -> RequestState:
+        """The state of request `request_id`.
 
-    def observe_prefill(self, observation: PrefillObservation) -> None:
+        Raises:
+            ConfigError: if no such request is in flight (never started, or already stopped).
+        """
+        try:
+            return self.requests[request_id]
+        except KeyError:
+            raise ConfigError(f"{self.name}: request {request_id!r} is not in flight; "
+                              "call start_request first") from None
+
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> RequestState:
+        """Begin serving a request of `tenant` whose prompt is `prompt_ids` (already committed).
+
+        Returns:
+            The request's new state (subclasses fill in their fields).
+
+        Raises:
+            ConfigError: if a request with this id is already in flight.
+        """
+        if request_id in self.requests:
+            raise ConfigError(f"{self.name}: request {request_id!r} is already in flight; "
+                              "ids must be unique among running requests")
+        state = self.State(request_id=request_id, tenant=tenant, sequence=list(prompt_ids))
+        self.requests[request_id] = state
+        return state
+
+    def observe_prefill(self, request_id: str, observation: PrefillObservation) -> None:
         """Harvest the prefill; called right after `start_request` when `needs_prefill` is set."""
 
-    def propose(self, budget: int) -> DraftTree:
-        """A draft tree rooted at the anchor with at most `budget` nodes, root included."""
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        """A draft tree rooted at the request's anchor with at most `budget` nodes, root included."""
         raise NotImplementedError
 
-    def observe(self, verification: Verification) -> None:
-        """Record what the last forward committed and computed."""
-        self.sequence.extend(verification.committed)
+    def observe(self, request_id: str, verification: Verification) -> RequestState:
+        """Record what the request's last forward committed and computed; returns its state."""
+        state = self.state(request_id)
+        state.sequence.extend(verification.committed)
+        return state
 
-    def stop_request(self, request_id: str) -> None:
-        """The request ended; release per-request state."""
-        self.request_id = None
+    def stop_request(self, request_id: str) -> RequestState | None:
+        """The request ended; release its state (returned; None for an unknown id, which is ignored,
+        so that an engine may stop a request it never drafted for)."""
+        return self.requests.pop(request_id, None)
 
-    def request_stats(self) -> dict:
-        """Drafter-specific measurements of the request being served (e.g. retrieval seconds)."""
+    def request_stats(self, request_id: str) -> dict:
+        """Drafter-specific measurements of a request in flight (e.g. retrieval seconds)."""
         return {}
 
     def memory_bytes(self) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from oilbird.drafters.base import Drafter
+from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.registry import register
 from oilbird.tree import DraftTree
 from oilbird.verifier import Verification
@@ -88,23 +88,34 @@ class NgramIndex:
         return []
 
 
+@dataclass
+class PLDState(RequestState):
+    """A PLD request: its n-gram index over the committed sequence."""
+
+    index: NgramIndex | None = None
+
+
 @register
 class PromptLookup(Drafter):
     """PLD: a chain copied from the request's own earlier text."""
 
     name = "pld"
     Config = PLDConfig
+    State = PLDState
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
-        super().start_request(request_id, prompt_ids, tenant)
-        self.index = NgramIndex(self.config.max_ngram, self.config.min_ngram)
-        self.index.extend(prompt_ids)
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> PLDState:
+        state = super().start_request(request_id, prompt_ids, tenant)
+        state.index = NgramIndex(self.config.max_ngram, self.config.min_ngram)
+        state.index.extend(prompt_ids)
+        return state
 
-    def observe(self, verification: Verification) -> None:
-        super().observe(verification)
-        self.index.extend(verification.committed)
+    def observe(self, request_id: str, verification: Verification) -> PLDState:
+        state = super().observe(request_id, verification)
+        state.index.extend(verification.committed)
+        return state
 
-    def propose(self, budget: int) -> DraftTree:
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        state = self.state(request_id)
         k = min(self.config.num_pred_tokens, budget - 1)
-        draft = self.index.lookup(k) if k > 0 else []
-        return DraftTree.chain(self.anchor, draft, self.name)
+        draft = state.index.lookup(k) if k > 0 else []
+        return DraftTree.chain(state.anchor, draft, self.name)

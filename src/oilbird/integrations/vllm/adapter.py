@@ -1,0 +1,191 @@
+"""The bridge between an engine's batched steps and the drafter protocol; no vLLM import here.
+
+An engine that verifies draft *chains* (vLLM) tells us, after each forward, for every request in
+the batch: its id, prompt and tenant, the drafts it verified, the tokens it committed (accepted
+drafts, then the bonus token), and, per verified position, the target's hidden state and top-k.
+`EngineDrafter.step` turns that into the drafter protocol (oilbird/drafters/base.py):
+
+- a request seen for the first time with a committed token starts (`start_request`); its first
+  token came from the prefill, observed as the verification of a root-only tree;
+- every later step is observed as the verification of the chain anchor -> drafts;
+- then each request gets a proposal: the drafter's tree at `node_budget` nodes, cut to its best
+  path (`DraftTree.best_path`) of at most the engine's draft length.
+
+A request with nothing committed this step (a chunk of a long prompt, a resumed preemption that
+is still re-reading its prompt) is neither observed nor proposed for. `finish` stops a request
+and hands its committed sequence to the caller (which may log it). Only the engine's output rank
+calls this, one step at a time; requests of any tenants interleave freely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from oilbird.drafters.base import Drafter
+from oilbird.drafters.registry import drafter_class
+from oilbird.errors import ConfigError
+from oilbird.integrations.vllm.config import EngineDrafterConfig
+from oilbird.tree import DraftTree
+from oilbird.verifier import Verification
+
+
+@dataclass
+class StepRequest:
+    """One request's part of an engine step."""
+
+    request_id: str
+    prompt_ids: list[int]
+    tenant: str
+    drafts: list[int]
+    """The draft tokens the engine verified this step (what we proposed, possibly cut)."""
+    committed: list[int]
+    """Tokens committed this step: the accepted drafts, then the bonus token; [] for none."""
+    hidden: torch.Tensor | None = None
+    """[len(drafts) + 1, d] the target's last-layer state (after the final norm) at each verified position."""
+    topk_ids: torch.Tensor | None = None
+    """[len(drafts) + 1, k] the target's top-k ids at each verified position, best first."""
+    topk_logits: torch.Tensor | None = None
+    """[len(drafts) + 1, k] their logits."""
+
+
+@dataclass
+class FinishedRequest:
+    """A request that left the engine, as it joins its tenant's pools (and the request log)."""
+
+    request_id: str
+    tenant: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+
+@dataclass
+class TenantStats:
+    """Counters per tenant, for the server's metrics."""
+
+    requests: int = 0
+    """Requests finished."""
+    forwards: int = 0
+    """Verification steps observed (the prefill's first token included)."""
+    committed: int = 0
+    """Tokens committed."""
+    drafted: int = 0
+    """Draft tokens proposed and verified."""
+    accepted: int = 0
+    """Draft tokens accepted."""
+
+    @property
+    def tau(self) -> float:
+        """Committed tokens per verification forward."""
+        return self.committed / self.forwards if self.forwards else 0.0
+
+
+@dataclass
+class EngineDrafter:
+    """A drafter serving an engine's batches. Build it with `EngineDrafter.build(config)`."""
+
+    drafter: Drafter
+    config: EngineDrafterConfig
+    stats: dict[str, TenantStats] = field(default_factory=dict)
+    proposed: dict[str, DraftTree] = field(default_factory=dict)
+    """request id -> the chain last proposed (its nodes keep their sources, for attribution)."""
+    prompt_lens: dict[str, int] = field(default_factory=dict)
+    """request id -> its prompt's length, for every request in flight."""
+
+    @classmethod
+    def build(cls, config: EngineDrafterConfig) -> "EngineDrafter":
+        """The drafter named by `config.method`, configured by `config.options`.
+
+        Raises:
+            ConfigError: unknown method or option, or a method that needs a model of its own.
+        """
+        import oilbird.drafters  # noqa: F401 - registers every method
+
+        klass = drafter_class(config.method)
+        if klass.needs_target:
+            raise ConfigError(f"method {config.method!r} runs a model of its own, which the vLLM "
+                              "integration does not host; use vLLM's own draft-model method")
+        try:
+            drafter_config = klass.Config(**config.options)
+        except TypeError as e:
+            raise ConfigError(f"bad options for method {config.method!r}: {e}") from None
+        return cls(klass(drafter_config), config)
+
+    def step(self, batch: list[StepRequest], max_drafts: int) -> list[list[int]]:
+        """Observe one engine step and propose the next drafts, one list per request of `batch`."""
+        proposals = []
+        for request in batch:
+            if not request.committed:
+                proposals.append([])
+                continue
+            self._observe(request)
+            proposals.append(self._propose(request.request_id, max_drafts))
+        return proposals
+
+    def finish(self, request_id: str) -> FinishedRequest | None:
+        """Stop a request (it joins its tenant's pools); None if it never committed a token."""
+        self.proposed.pop(request_id, None)
+        prompt_len = self.prompt_lens.pop(request_id, 0)
+        state = self.drafter.stop_request(request_id)
+        if state is None:
+            return None
+        self._tenant(state.tenant).requests += 1
+        return FinishedRequest(request_id, state.tenant, state.sequence[:prompt_len],
+                               state.sequence[prompt_len:])
+
+    def _observe(self, request: StepRequest) -> None:
+        rid, drafter = request.request_id, self.drafter
+        if rid not in drafter.requests:
+            drafter.start_request(rid, request.prompt_ids, request.tenant)
+            self.prompt_lens[rid] = len(request.prompt_ids)
+            tree = DraftTree.root(request.prompt_ids[-1])
+            drafts: list[int] = []
+        else:
+            drafts = request.drafts
+            tree = self._verified_chain(rid, drafts)
+        accepted = len(request.committed) - 1
+        if accepted > len(drafts) or request.committed[:accepted] != drafts[:accepted]:
+            raise ConfigError(f"request {rid!r}: committed {request.committed} does not extend "
+                              f"the verified drafts {drafts}; the engine's step is inconsistent")
+        drafter.observe(rid, self._verification(request, tree, accepted))
+        stats = self._tenant(request.tenant)
+        stats.forwards += 1
+        stats.committed += len(request.committed)
+        stats.drafted += len(drafts)
+        stats.accepted += accepted
+
+    def _verified_chain(self, request_id: str, drafts: list[int]) -> DraftTree:
+        """The chain the engine verified: our last proposal, cut to what the engine kept."""
+        proposed = self.proposed.get(request_id)
+        if proposed is not None and proposed.tokens[1:len(drafts) + 1] == drafts:
+            return proposed.truncated(len(drafts) + 1)
+        # The engine verified something else (it may pad or drop drafts): tag it as the engine's.
+        return DraftTree.chain(self.drafter.requests[request_id].anchor, drafts, "engine")
+
+    def _verification(self, request: StepRequest, tree: DraftTree, accepted: int) -> Verification:
+        n = len(tree)
+        topk_ids = request.topk_ids[:n] if request.topk_ids is not None else None
+        if topk_ids is not None:
+            argmax = topk_ids[:, 0]  # [N]
+        else:  # the committed tokens are the argmax where they exist (greedy); unknown past them
+            argmax = torch.full((n,), -1, dtype=torch.long)
+            argmax[: len(request.committed)] = torch.tensor(request.committed[:n])
+        hidden = (request.hidden[:n],) if request.hidden is not None else None
+        return Verification(
+            tree=tree, prefix_len=len(self.drafter.requests[request.request_id].sequence) - 1,
+            argmax=argmax, topk_ids=topk_ids,
+            topk_logits=request.topk_logits[:n] if request.topk_logits is not None else None,
+            path=list(range(1, accepted + 1)), committed=list(request.committed),
+            finished=False, hidden_states=hidden)
+
+    def _propose(self, request_id: str, max_drafts: int) -> list[int]:
+        if max_drafts < 1:
+            return []
+        tree = self.drafter.propose(request_id, self.config.node_budget).truncated(self.config.node_budget)
+        chain = tree.chain_along(tree.best_path(max_drafts))
+        self.proposed[request_id] = chain
+        return chain.tokens[1:]
+
+    def _tenant(self, tenant: str) -> TenantStats:
+        return self.stats.setdefault(tenant, TenantStats())

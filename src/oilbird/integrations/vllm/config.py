@@ -1,0 +1,62 @@
+"""What the vLLM integration reads from vLLM's `additional_config["oilbird"]`.
+
+vLLM passes `additional_config` (a free-form dict, `--additional-config` on its command line) to
+every process unchanged, so the drafter's method and options travel there, not in environment
+variables. `oilbird serve` writes it; users of vLLM's own `vllm serve` can write it by hand:
+
+    --speculative-config '{"method": "custom_class", "model": "oilbird.integrations.vllm.OilbirdProposer",
+                           "num_speculative_tokens": 8}'
+    --worker-cls oilbird.integrations.vllm.OilbirdCPUWorker          # or OilbirdGPUWorker
+    --additional-config '{"oilbird": {"method": "oilbird", "state_dir": "/var/lib/oilbird"}}'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from oilbird.errors import ConfigError
+
+ADDITIONAL_CONFIG_KEY = "oilbird"
+TENANT_ARG = "oilbird_tenant"
+"""The key of `SamplingParams.extra_args` (OpenAI body: `vllm_xargs`) naming a request's tenant."""
+
+
+@dataclass
+class EngineDrafterConfig:
+    """How Oilbird drafts inside an engine that verifies chains."""
+
+    method: str = "oilbird"
+    """A registered drafter name (`oilbird methods` lists them)."""
+    options: dict = field(default_factory=dict)
+    """Fields of the method's config dataclass to override (the papers' values otherwise)."""
+    node_budget: int = 64
+    """Nodes of the tree the drafter builds each step; its best path is proposed."""
+    topk: int = 8
+    """Target top-k kept per verified position for drafters that learn from it (GOOSE, TR)."""
+    state_dir: str | None = None
+    """Where the request log and snapshots live (None: pools live in memory only)."""
+    snapshot_every: int = 64
+    """Snapshot the semantic stores after this many finished requests (and at shutdown)."""
+
+    def __post_init__(self) -> None:
+        if self.node_budget < 2:
+            raise ConfigError(f"node_budget must be >= 2 (the anchor and one draft), got {self.node_budget}")
+        if self.topk < 1:
+            raise ConfigError(f"topk must be >= 1, got {self.topk}")
+        if self.snapshot_every < 1:
+            raise ConfigError(f"snapshot_every must be >= 1, got {self.snapshot_every}")
+
+    @classmethod
+    def from_additional_config(cls, additional: dict | None) -> "EngineDrafterConfig":
+        """The config under `additional["oilbird"]` (defaults where absent).
+
+        Raises:
+            ConfigError: for unknown keys, naming the known ones.
+        """
+        raw = dict((additional or {}).get(ADDITIONAL_CONFIG_KEY) or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"unknown oilbird option(s) {unknown} in vLLM's additional_config; "
+                              f"known: {sorted(known)}")
+        return cls(**raw)

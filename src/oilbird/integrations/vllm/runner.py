@@ -1,0 +1,123 @@
+"""vLLM model runners and workers that feed `OilbirdProposer` what vLLM's proposer call omits.
+
+These are subclasses through vLLM's own extension points (`--worker-cls`, the worker's model-runner
+factory); no vLLM code is patched. Per step, before vLLM calls the proposer, the runner hands it
+the batch: request ids (batch order), prompts, tenants (`SamplingParams.extra_args`, the OpenAI
+body's `vllm_xargs`), the drafts vLLM verified, the committed tokens, the target's last-layer
+hidden state (after the final norm) and top-k at every verified position. Finished and aborted
+requests are reported as vLLM drops their state (`_on_request_state_removed`); preempted requests
+keep theirs and simply resume.
+
+The row layout vLLM uses (v1 runner): one logits row per request of the batch, in batch order,
+or, when any request carries drafts, `num_draft_tokens[i] + 1` rows for request i (its draft
+positions, then the bonus position), delimited by `cu_num_sampled_tokens`.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.gpu_worker import Worker
+
+from oilbird.errors import ConfigError
+from oilbird.integrations.vllm.adapter import StepRequest
+from oilbird.integrations.vllm.config import TENANT_ARG
+from oilbird.integrations.vllm.proposer import OilbirdProposer
+
+
+class OilbirdRunnerMixin:
+    """What Oilbird adds to a vLLM model runner (mixed in before vLLM's runner class)."""
+
+    _oilbird_topk: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _oilbird(self) -> OilbirdProposer | None:
+        drafter = getattr(self, "drafter", None)
+        return drafter if isinstance(drafter, OilbirdProposer) else None
+
+    def _sample(self, logits, spec_decode_metadata):
+        proposer = self._oilbird()
+        if proposer is not None and logits is not None:
+            # Before sampling: the sampler may scale or mask the logits in place.
+            values, ids = torch.topk(logits, proposer.config.topk, dim=-1)  # [rows, k]
+            self._oilbird_topk = (values.float().cpu(), ids.cpu())
+        return super()._sample(logits, spec_decode_metadata)
+
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                                hidden_states, sample_hidden_states, aux_hidden_states,
+                                spec_decode_metadata, common_attn_metadata, slot_mappings):
+        proposer = self._oilbird()
+        if proposer is not None and isinstance(sampled_token_ids, list):
+            proposer.set_batch(self._oilbird_batch(sampled_token_ids, sample_hidden_states,
+                                                   spec_decode_metadata))
+        return super().propose_draft_token_ids(
+            scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+            sample_hidden_states, aux_hidden_states, spec_decode_metadata, common_attn_metadata,
+            slot_mappings)
+
+    def _oilbird_batch(self, sampled_token_ids, sample_hidden_states, metadata) -> list[StepRequest]:
+        req_ids = list(self.input_batch.req_ids)
+        if metadata is None:
+            rows = [(i, i + 1) for i in range(len(req_ids))]
+            drafts = [[] for _ in req_ids]
+        else:
+            ends = metadata.cu_num_sampled_tokens.tolist()
+            rows = [(ends[i - 1] if i else 0, ends[i]) for i in range(len(req_ids))]
+            flat = metadata.draft_token_ids.tolist()
+            cuts = [0] + metadata.cu_num_draft_tokens.tolist()
+            drafts = [flat[cuts[i]:cuts[i + 1]] for i in range(len(req_ids))]
+        hidden = sample_hidden_states.detach().float().cpu()  # [rows, d]; vLLM reuses the buffer
+        values, ids = self._oilbird_topk if self._oilbird_topk is not None else (None, None)
+        self._oilbird_topk = None
+        batch = []
+        for i, rid in enumerate(req_ids):
+            state = self.requests[rid]
+            extra = (state.sampling_params.extra_args if state.sampling_params else None) or {}
+            start, end = rows[i]
+            batch.append(StepRequest(
+                request_id=rid, prompt_ids=list(state.prompt_token_ids or []),
+                tenant=str(extra.get(TENANT_ARG, "default")), drafts=drafts[i],
+                committed=[int(t) for t in sampled_token_ids[i]], hidden=hidden[start:end],
+                topk_ids=ids[start:end] if ids is not None else None,
+                topk_logits=values[start:end] if values is not None else None))
+        return batch
+
+    def _on_request_state_removed(self, req_id, req_state) -> None:
+        super()._on_request_state_removed(req_id, req_state)
+        proposer = self._oilbird()
+        if proposer is not None:
+            proposer.finish(req_id)
+
+
+class OilbirdCPUModelRunner(OilbirdRunnerMixin, CPUModelRunner):
+    """vLLM's CPU model runner feeding `OilbirdProposer`."""
+
+
+class OilbirdGPUModelRunner(OilbirdRunnerMixin, GPUModelRunner):
+    """vLLM's GPU model runner feeding `OilbirdProposer`."""
+
+
+def _refuse_v2(worker) -> None:
+    if worker.use_v2_model_runner:
+        raise ConfigError("Oilbird's vLLM integration needs vLLM's v1 model runner; "
+                          "unset VLLM_USE_V2_MODEL_RUNNER")
+
+
+class OilbirdCPUWorker(CPUWorker):
+    """vLLM's CPU worker with Oilbird's model runner (`--worker-cls` this class)."""
+
+    def init_device(self):
+        super().init_device()
+        _refuse_v2(self)
+        # vLLM's CPU worker builds its runner inline (no factory method to override); building
+        # ours right after replaces it before any weights or caches are loaded into it.
+        self.model_runner = OilbirdCPUModelRunner(self.vllm_config, torch.device("cpu"))
+
+
+class OilbirdGPUWorker(Worker):
+    """vLLM's GPU worker with Oilbird's model runner (`--worker-cls` this class)."""
+
+    def _make_model_runner(self):
+        _refuse_v2(self)
+        return OilbirdGPUModelRunner(self.vllm_config, self.device)
