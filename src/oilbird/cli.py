@@ -19,6 +19,7 @@ from pathlib import Path
 
 from oilbird.config import add_config_args, config_from_args
 from oilbird.errors import ConfigError, OilbirdError
+from oilbird.serve import add_serve_parser
 
 AUDIT_FAILED = 3
 """Exit status of `oilbird bench` when a strict (lossless) method's output differs from greedy decoding."""
@@ -316,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The `oilbird` parser: one subcommand per job, options derived from the config dataclasses."""
     parser = argparse.ArgumentParser(prog="oilbird", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_bench_parser, _diagnose_parser, _generate_parser, _cost_parser, _report_parsers):
+    for add in (_bench_parser, _diagnose_parser, _generate_parser, _cost_parser, _report_parsers,
+                add_serve_parser):
         add(sub)
     return parser
 
@@ -324,7 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `oilbird` console script; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "passthrough", False):
+        args.rest = rest  # `serve` hands options it does not know to vLLM's parser
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     # `timeout` and `kill` stop a run as Ctrl-C does: `bench` keeps and summarizes what finished.
     # (Background jobs of a non-interactive shell ignore SIGINT, so SIGTERM is their only clean stop.)
     # Only the main thread may set handlers (main() called from a worker thread leaves SIGTERM alone).

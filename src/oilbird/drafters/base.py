@@ -147,6 +147,13 @@ class Drafter:
         """
         return sum(m.memory_bytes() for m in self._tenant_maps())
 
+    def tenant_bytes(self, tenant: str) -> int:
+        """Approximate bytes held for one tenant: its entries of every `TenantMap`, and of any
+        drafter this one hosts."""
+        held = [m.peek(tenant) for m in self._tenant_maps()]
+        total = sum(entry.memory_bytes() for entry in held if entry is not None)
+        return total + sum(d.tenant_bytes(tenant) for d in vars(self).values() if isinstance(d, Drafter))
+
     def drop_tenant(self, tenant: str) -> None:
         """Forget everything kept for `tenant` across requests (its pools, tables and stores).
 

@@ -98,18 +98,17 @@ class EngineDrafter:
         """The drafter named by `config.method`, configured by `config.options`.
 
         Raises:
-            ConfigError: unknown method or option, or a method that needs a model of its own.
+            ConfigError: unknown method or override, or a method that needs a model of its own.
         """
-        import oilbird.drafters  # noqa: F401 - registers every method
+        from oilbird.methods import check_spec, configure, parse_spec
 
-        klass = drafter_class(config.method)
+        check_spec(config.method)
+        name, overrides = parse_spec(config.method)
+        klass = drafter_class(name)
         if klass.needs_target:
-            raise ConfigError(f"method {config.method!r} runs a model of its own, which the vLLM "
+            raise ConfigError(f"method {name!r} runs a model of its own, which the vLLM "
                               "integration does not host; use vLLM's own draft-model method")
-        try:
-            drafter_config = klass.Config(**config.options)
-        except TypeError as e:
-            raise ConfigError(f"bad options for method {config.method!r}: {e}") from None
+        drafter_config = configure(name, None, overrides)
         return cls(klass(drafter_config), config)
 
     def step(self, batch: list[StepRequest], max_drafts: int) -> list[list[int]]:

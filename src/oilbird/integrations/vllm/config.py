@@ -12,7 +12,7 @@ variables. `oilbird serve` writes it; users of vLLM's own `vllm serve` can write
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from oilbird.errors import ConfigError
 
@@ -26,9 +26,8 @@ class EngineDrafterConfig:
     """How Oilbird drafts inside an engine that verifies chains."""
 
     method: str = "oilbird"
-    """A registered drafter name (`oilbird methods` lists them)."""
-    options: dict = field(default_factory=dict)
-    """Fields of the method's config dataclass to override (the papers' values otherwise)."""
+    """A method spec as `oilbird bench` takes it: a drafter name (`oilbird list`), optionally with
+    config overrides, e.g. `oilbird[sem_theta=0.6]`; no '+fly' (vLLM verifies strictly) or '@budget'."""
     node_budget: int = 64
     """Nodes of the tree the drafter builds each step; its best path is proposed."""
     topk: int = 8
@@ -39,6 +38,9 @@ class EngineDrafterConfig:
     """Snapshot the semantic stores after this many finished requests (and at shutdown)."""
 
     def __post_init__(self) -> None:
+        if "+fly" in self.method or "@" in self.method:
+            raise ConfigError(f"method {self.method!r}: inside vLLM verification is strict and the "
+                              "draft length is vLLM's num_speculative_tokens; drop '+fly' and '@...'")
         if self.node_budget < 2:
             raise ConfigError(f"node_budget must be >= 2 (the anchor and one draft), got {self.node_budget}")
         if self.topk < 1:

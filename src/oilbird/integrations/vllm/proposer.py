@@ -9,6 +9,8 @@ just before, through `set_batch`; the runner also reports finished requests thro
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from oilbird.errors import ConfigError
 from oilbird.integrations.vllm.adapter import EngineDrafter, StepRequest
 from oilbird.integrations.vllm.config import EngineDrafterConfig
@@ -32,6 +34,16 @@ class OilbirdProposer:
         self.listeners: list = []
         """Callables told of every `FinishedRequest` (e.g. the request log)."""
         self._batch: list[StepRequest] | None = None
+        self.pool_state = None
+        if self.config.state_dir:
+            # Pools survive restarts: rebuilt from the request log and the last snapshot.
+            from oilbird.pool_state import PoolState
+
+            self.pool_state = PoolState(Path(self.config.state_dir), self.engine.drafter,
+                                        self.config.snapshot_every)
+            self.pool_state.restore()
+            self.listeners.append(
+                lambda done: self.pool_state.record(done.tenant, done.prompt_ids, done.output_ids))
 
     def load_model(self, target_model) -> None:
         """vLLM's hook to give drafters the target model; ours need none of its weights."""
@@ -54,6 +66,18 @@ class OilbirdProposer:
         rooms = [self.max_model_len - int(num_tokens_no_spec[i]) - 1 for i in range(len(batch))]
         proposals = self.engine.step(batch, self.max_drafts)
         return [p[:max(0, room)] for p, room in zip(proposals, rooms)]
+
+    def snapshot(self) -> None:
+        """Write the pools' snapshot now (no-op without a state dir)."""
+        if self.pool_state is not None:
+            self.pool_state.snapshot()
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per tenant: the drafting counters (`TenantStats` fields) and `pool_bytes`."""
+        out = {}
+        for tenant, stats in self.engine.stats.items():
+            out[tenant] = dict(vars(stats), pool_bytes=self.engine.drafter.tenant_bytes(tenant))
+        return out
 
     def finish(self, request_id: str) -> None:
         """A request finished or was aborted: it joins its tenant's pools; listeners are told."""

@@ -104,7 +104,26 @@ def _refuse_v2(worker) -> None:
                           "unset VLLM_USE_V2_MODEL_RUNNER")
 
 
-class OilbirdCPUWorker(CPUWorker):
+class OilbirdWorkerMixin:
+    """What Oilbird adds to a vLLM worker: RPC methods the server calls (`collective_rpc`)."""
+
+    def _oilbird_proposer(self) -> OilbirdProposer | None:
+        runner = getattr(self, "model_runner", None)
+        return runner._oilbird() if isinstance(runner, OilbirdRunnerMixin) else None
+
+    def oilbird_stats(self) -> dict:
+        """Per-tenant drafting counters and pool bytes ({} on ranks that do not draft)."""
+        proposer = self._oilbird_proposer()
+        return proposer.stats() if proposer is not None else {}
+
+    def oilbird_snapshot(self) -> None:
+        """Snapshot the pools now (the server calls this when it stops)."""
+        proposer = self._oilbird_proposer()
+        if proposer is not None:
+            proposer.snapshot()
+
+
+class OilbirdCPUWorker(OilbirdWorkerMixin, CPUWorker):
     """vLLM's CPU worker with Oilbird's model runner (`--worker-cls` this class)."""
 
     def init_device(self):
@@ -115,7 +134,7 @@ class OilbirdCPUWorker(CPUWorker):
         self.model_runner = OilbirdCPUModelRunner(self.vllm_config, torch.device("cpu"))
 
 
-class OilbirdGPUWorker(Worker):
+class OilbirdGPUWorker(OilbirdWorkerMixin, Worker):
     """vLLM's GPU worker with Oilbird's model runner (`--worker-cls` this class)."""
 
     def _make_model_runner(self):

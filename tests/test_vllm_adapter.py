@@ -1,0 +1,100 @@
+"""The engine adapter (oilbird/integrations/vllm/adapter.py) with hand-built steps; no vLLM needed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oilbird.errors import ConfigError
+from oilbird.integrations.vllm.adapter import EngineDrafter, StepRequest
+from oilbird.integrations.vllm.config import EngineDrafterConfig
+
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6]  # PLD finds "5 6" -> "7 8 5 6 7 9 ..." after the anchor 6
+
+
+def pld(**kw) -> EngineDrafter:
+    return EngineDrafter.build(EngineDrafterConfig(method="pld", **kw))
+
+
+def step(rid, committed, drafts=(), tenant="t", prompt=PROMPT, rows=None) -> StepRequest:
+    n = len(drafts) + 1
+    return StepRequest(rid, list(prompt), tenant, list(drafts), list(committed),
+                       hidden=torch.zeros(rows or n, 4))
+
+
+def test_the_first_committed_token_starts_the_request_and_a_proposal_follows():
+    engine = pld()
+    (proposal,) = engine.step([step("a", [7])], max_drafts=3)
+    state = engine.drafter.requests["a"]
+    assert state.sequence == PROMPT + [7] and state.tenant == "t"
+    assert proposal == [8, 5, 6]  # the earliest "6 7" continues with 8 5 6 (PLD), cut at 3 drafts
+
+
+def test_a_step_with_nothing_committed_neither_starts_nor_proposes():
+    engine = pld()
+    assert engine.step([step("a", [])], max_drafts=4) == [[]]
+    assert "a" not in engine.drafter.requests
+
+
+def test_accepted_drafts_extend_the_sequence_and_count_per_tenant():
+    engine = pld()
+    (proposal,) = engine.step([step("a", [7])], max_drafts=3)
+    engine.step([step("a", proposal[:2] + [1], drafts=proposal)], max_drafts=3)  # 2 accepted, bonus 1
+    assert engine.drafter.requests["a"].sequence == PROMPT + [7, 8, 5, 1]
+    stats = engine.stats["t"]
+    assert (stats.forwards, stats.committed, stats.drafted, stats.accepted) == (2, 4, 3, 2)
+    assert stats.tau == 2.0
+
+
+def test_the_verified_chain_keeps_the_sources_of_our_proposal():
+    engine = pld()
+    (proposal,) = engine.step([step("a", [7])], max_drafts=3)
+    seen = []
+    original = engine.drafter.observe
+    engine.drafter.observe = lambda rid, ver: (seen.append(ver), original(rid, ver))[1]
+    engine.step([step("a", [8, 0], drafts=proposal)], max_drafts=3)
+    ver = seen[0]
+    assert ver.tree.tokens == [7] + proposal and ver.tree.sources[1] == {"pld"}
+    assert ver.path == [1] and ver.committed == [8, 0] and ver.hidden_states[0].shape == (4, 4)
+
+
+def test_an_engine_step_that_contradicts_its_drafts_is_an_error():
+    engine = pld()
+    (proposal,) = engine.step([step("a", [7])], max_drafts=3)
+    with pytest.raises(ConfigError, match="does not extend"):
+        engine.step([step("a", [proposal[0] + 1, 3], drafts=proposal)], max_drafts=3)
+
+
+def test_requests_interleave_and_finish_with_their_prompt_and_output():
+    engine = pld()
+    engine.step([step("a", [7]), step("b", [1], tenant="u", prompt=[1, 2, 3])], max_drafts=2)
+    engine.step([step("b", [2], tenant="u", prompt=[1, 2, 3]), step("a", [8])], max_drafts=2)
+    done = engine.finish("b")
+    assert (done.tenant, done.prompt_ids, done.output_ids) == ("u", [1, 2, 3], [1, 2])
+    assert engine.finish("b") is None and engine.finish("never") is None
+    assert engine.drafter.requests["a"].sequence == PROMPT + [7, 8]
+    assert engine.stats["u"].requests == 1 and engine.stats["t"].requests == 0
+
+
+def test_zero_drafts_allowed_proposes_nothing():
+    engine = pld()
+    assert engine.step([step("a", [7])], max_drafts=0) == [[]]
+
+
+def test_build_rejects_unknown_methods_fly_budgets_and_draft_models():
+    with pytest.raises(ConfigError, match="unknown method"):
+        EngineDrafter.build(EngineDrafterConfig(method="nope"))
+    with pytest.raises(ConfigError, match="no config field"):
+        EngineDrafter.build(EngineDrafterConfig(method="pld[bogus=1]"))
+    with pytest.raises(ConfigError, match="strict"):
+        EngineDrafterConfig(method="pld+fly")
+    with pytest.raises(ConfigError, match="model of its own"):
+        EngineDrafter.build(EngineDrafterConfig(method="draft"))
+    assert EngineDrafter.build(EngineDrafterConfig(method="pld[num_pred_tokens=4]")).drafter.config.num_pred_tokens == 4
+
+
+def test_additional_config_names_unknown_options():
+    assert EngineDrafterConfig.from_additional_config(None).method == "oilbird"
+    assert EngineDrafterConfig.from_additional_config({"oilbird": {"method": "sam"}}).method == "sam"
+    with pytest.raises(ConfigError, match="unknown oilbird option"):
+        EngineDrafterConfig.from_additional_config({"oilbird": {"methd": "sam"}})
