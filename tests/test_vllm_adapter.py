@@ -98,3 +98,45 @@ def test_additional_config_names_unknown_options():
     assert EngineDrafterConfig.from_additional_config({"oilbird": {"method": "sam"}}).method == "sam"
     with pytest.raises(ConfigError, match="unknown oilbird option"):
         EngineDrafterConfig.from_additional_config({"oilbird": {"methd": "sam"}})
+
+
+def test_the_draft_length_adapts_to_acceptance():
+    engine = pld()
+    engine.step([step("a", [7])], max_drafts=8)
+    assert engine.lengths["a"] == 8  # a new request may use vLLM's whole draft length
+    engine.lengths["a"] = 3
+    (proposal,) = engine.step([step("a", [8, 5, 6, 1], drafts=[8, 5, 6])], max_drafts=8)
+    assert engine.lengths["a"] == 5 and len(proposal) <= 5  # all accepted: +2
+    engine.step([step("a", [4, 2], drafts=[4, 4, 4])], max_drafts=8)
+    assert engine.lengths["a"] == 2  # one accepted: accepted + 1
+    engine.step([step("a", [9], drafts=[5, 5])], max_drafts=8)
+    assert engine.lengths["a"] == 1  # never below one
+    fixed = pld(adaptive_length=False)
+    fixed.step([step("a", [7])], max_drafts=8)
+    fixed.step([step("a", [0], drafts=[3])], max_drafts=8)
+    assert "a" not in fixed.lengths
+
+
+def test_a_seeded_sampled_request_gets_no_drafts_but_is_observed():
+    engine = pld()
+    request = step("a", [7])
+    request.seeded = True
+    assert engine.step([request], max_drafts=8) == [[]]
+    assert engine.drafter.requests["a"].sequence == PROMPT + [7]
+
+
+def test_tokens_past_max_tokens_or_a_stop_token_are_not_kept():
+    engine = pld()
+    first = step("a", [7])
+    first.max_output = 3
+    engine.step([first], max_drafts=4)
+    late = step("a", [8, 5, 6, 1], drafts=[8, 5, 6])
+    late.max_output = 3  # one produced, two more allowed: 8 and 5; vLLM drops 6 and 1
+    engine.step([late], max_drafts=4)
+    assert engine.finish("a").output_ids == [7, 8, 5]
+    assert engine.stats["t"].committed == 3
+    engine.step([step("b", [7])], max_drafts=4)
+    stop = step("b", [8, 2, 6], drafts=[8, 2, 6, 7])
+    stop.stop_ids = frozenset({2})
+    engine.step([stop], max_drafts=4)
+    assert engine.finish("b").output_ids == [7, 8, 2]

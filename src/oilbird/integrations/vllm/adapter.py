@@ -48,6 +48,14 @@ class StepRequest:
     """[len(drafts) + 1, k] the target's top-k ids at each verified position, best first."""
     topk_logits: torch.Tensor | None = None
     """[len(drafts) + 1, k] their logits."""
+    max_output: int | None = None
+    """The request's max_tokens: the engine drops committed tokens beyond it, and so do we."""
+    stop_ids: frozenset[int] = frozenset()
+    """Tokens that end the request: the engine drops what a step committed after one."""
+    seeded: bool = False
+    """A sampled request with a seed. It gets no drafts: the engine draws its random numbers per
+    draft token, so drafts from pools that grow between two runs would change what the same seed
+    samples; without drafts the same seed gives the same tokens, as without speculation."""
 
 
 @dataclass
@@ -90,6 +98,8 @@ class EngineDrafter:
     stats: dict[str, TenantStats] = field(default_factory=dict)
     proposed: dict[str, DraftTree] = field(default_factory=dict)
     """request id -> the chain last proposed (its nodes keep their sources, for attribution)."""
+    lengths: dict[str, int] = field(default_factory=dict)
+    """request id -> its next draft length (with `adaptive_length`)."""
     prompt_lens: dict[str, int] = field(default_factory=dict)
     """request id -> its prompt's length, for every request in flight."""
 
@@ -119,12 +129,14 @@ class EngineDrafter:
                 proposals.append([])
                 continue
             self._observe(request)
-            proposals.append(self._propose(request.request_id, max_drafts))
+            length = 0 if request.seeded else self._length(request, max_drafts)
+            proposals.append(self._propose(request.request_id, length))
         return proposals
 
     def finish(self, request_id: str) -> FinishedRequest | None:
         """Stop a request (it joins its tenant's pools); None if it never committed a token."""
         self.proposed.pop(request_id, None)
+        self.lengths.pop(request_id, None)
         prompt_len = self.prompt_lens.pop(request_id, 0)
         state = self.drafter.stop_request(request_id)
         if state is None:
@@ -147,12 +159,45 @@ class EngineDrafter:
         if accepted > len(drafts) or request.committed[:accepted] != drafts[:accepted]:
             raise ConfigError(f"request {rid!r}: committed {request.committed} does not extend "
                               f"the verified drafts {drafts}; the engine's step is inconsistent")
-        drafter.observe(rid, self._verification(request, tree, accepted))
+        committed = self._kept(request)
+        if committed:  # else the request is over (max_tokens reached): nothing to harvest
+            drafter.observe(rid, self._verification(request, tree, committed, min(accepted, len(committed))))
         stats = self._tenant(request.tenant)
         stats.forwards += 1
-        stats.committed += len(request.committed)
+        stats.committed += len(committed)
         stats.drafted += len(drafts)
         stats.accepted += accepted
+
+    def _kept(self, request: StepRequest) -> list[int]:
+        """The step's committed tokens the engine keeps: none past max_tokens or a stop token."""
+        committed = list(request.committed)
+        if request.max_output is not None:
+            produced = len(self.drafter.requests[request.request_id].sequence) - self.prompt_lens[request.request_id]
+            committed = committed[:max(0, request.max_output - produced)]
+        for i, token in enumerate(committed):
+            if token in request.stop_ids:
+                return committed[:i + 1]
+        return committed
+
+    def _length(self, request: StepRequest, max_drafts: int) -> int:
+        """This request's next draft length: vLLM's maximum, or adapted to its acceptance.
+
+        Rejected drafts cost verification compute and a chain engine gains nothing from them,
+        so after a partial acceptance the next chain is cut to what was accepted plus one, and it
+        grows by two after a full acceptance (the schedule of transformers' assisted decoding).
+        """
+        if not self.config.adaptive_length or max_drafts < 1:
+            return max_drafts
+        previous = self.lengths.get(request.request_id)
+        if previous is None or not request.drafts:
+            length = previous or max_drafts
+        elif len(request.committed) - 1 >= len(request.drafts):
+            length = previous + 2
+        else:
+            length = len(request.committed)  # accepted + 1
+        length = max(1, min(max_drafts, length))
+        self.lengths[request.request_id] = length
+        return length
 
     def _verified_chain(self, request_id: str, drafts: list[int]) -> DraftTree:
         """The chain the engine verified: our last proposal, cut to what the engine kept."""
@@ -162,20 +207,21 @@ class EngineDrafter:
         # The engine verified something else (it may pad or drop drafts): tag it as the engine's.
         return DraftTree.chain(self.drafter.requests[request_id].anchor, drafts, "engine")
 
-    def _verification(self, request: StepRequest, tree: DraftTree, accepted: int) -> Verification:
+    def _verification(self, request: StepRequest, tree: DraftTree, committed: list[int],
+                      accepted: int) -> Verification:
         n = len(tree)
         topk_ids = request.topk_ids[:n] if request.topk_ids is not None else None
         if topk_ids is not None:
             argmax = topk_ids[:, 0]  # [N]
         else:  # the committed tokens are the argmax where they exist (greedy); unknown past them
             argmax = torch.full((n,), -1, dtype=torch.long)
-            argmax[: len(request.committed)] = torch.tensor(request.committed[:n])
+            argmax[: len(request.committed[:n])] = torch.tensor(request.committed[:n])
         hidden = (request.hidden[:n],) if request.hidden is not None else None
         return Verification(
             tree=tree, prefix_len=len(self.drafter.requests[request.request_id].sequence) - 1,
             argmax=argmax, topk_ids=topk_ids,
             topk_logits=request.topk_logits[:n] if request.topk_logits is not None else None,
-            path=list(range(1, accepted + 1)), committed=list(request.committed),
+            path=list(range(1, accepted + 1)), committed=committed,
             finished=False, hidden_states=hidden)
 
     def _propose(self, request_id: str, max_drafts: int) -> list[int]:

