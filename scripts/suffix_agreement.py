@@ -36,9 +36,9 @@ def paths(tree) -> dict[tuple[int, ...], float]:
     return out
 
 
-def commit(drafter, tree, token: int) -> None:
+def commit(drafter, request_id: str, tree, token: int) -> None:
     z = torch.zeros(len(tree), 1, dtype=torch.long)
-    drafter.observe(Verification(tree=tree, prefix_len=0, argmax=z[:, 0], topk_ids=z,
+    drafter.observe(request_id, Verification(tree=tree, prefix_len=0, argmax=z[:, 0], topk_ids=z,
                                  topk_logits=z.float(), path=[], committed=[token],
                                  finished=False))
 
@@ -67,7 +67,7 @@ def main() -> None:
         for d in (ours, ref):
             d.start_request(request.id, ids, config["dataset"])
         for token in outputs[request.id]:
-            a, b = ours.propose(args.budget), ref.propose(args.budget)
+            a, b = ours.propose(request.id, args.budget), ref.propose(request.id, args.budget)
             if (a.tokens, a.parents) == (b.tokens, b.parents):
                 kinds["identical"] += 1
             else:
@@ -87,8 +87,8 @@ def main() -> None:
                     print(f"{request.id}: ours {len(a)} nodes, ref {len(b)} nodes")
                     print("  only ours:", [(p, round(pa[p], 3)) for p in only_a])
                     print("  only ref: ", [(p, round(pb[p], 3)) for p in only_b])
-            commit(ours, a, token)
-            commit(ref, b, token)
+            commit(ours, request.id, a, token)
+            commit(ref, request.id, b, token)
         for d in (ours, ref):
             d.stop_request(request.id)
     total = sum(kinds.values())

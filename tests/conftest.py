@@ -6,9 +6,9 @@ import pytest
 
 from oilbird.datasets import load_dataset
 
-# tests/vllm/ runs in the vLLM environment (`make test-vllm`, .venv-vllm); the engine's
+# tests/serving/ runs in the vLLM environment (`make test-vllm`, .venv-vllm); the engine's
 # environment (.venv) has no vLLM, so it does not collect that folder.
-collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["serving"]
 
 
 @pytest.fixture(scope="session")

@@ -69,9 +69,9 @@ def test_the_drafters_observe_is_drafter_time_not_bookkeeping(smol, api_bank_pro
     from oilbird.drafters.pld import PromptLookup
 
     class SlowHarvest(PromptLookup):
-        def observe(self, verification):
+        def observe(self, request_id, verification):
             time.sleep(0.02)  # stands in for an expensive harvest (pools, stores)
-            super().observe(verification)
+            return super().observe(request_id, verification)
 
     verifier = TreeVerifier(smol.model, smol.stop_ids)
     result = decode(verifier, SlowHarvest(), api_bank_prompts[0], DecodeConfig(max_new_tokens=8),

@@ -35,8 +35,8 @@ def test_mla_drafts_are_the_drafters_own_token_by_token_drafts(smol, api_bank_pr
     for mla in (False, True):
         drafter = attached(smol, k=12, mla=mla)
         drafter.start_request("r", api_bank_prompts[1])
-        chains.append(drafter.propose(64).tokens)
-        forwards.append(drafter.request_stats()["drafter_forwards"])
+        chains.append(drafter.propose("r", 64).tokens)
+        forwards.append(drafter.request_stats("r")["drafter_forwards"])
     assert chains[0] == chains[1] and len(chains[0]) == 13
     assert forwards[0] == 12 and forwards[1] <= 12
 
@@ -96,10 +96,24 @@ def test_bad_draft_configs_are_clear_errors(smol):
 def test_a_request_drafts_the_same_whatever_was_served_before(smol, api_bank_prompts):
     fresh = attached(smol, k=8)
     fresh.start_request("b", api_bank_prompts[2])
-    expected = fresh.propose(16).tokens
+    expected = fresh.propose("b", 16).tokens
     used = attached(smol, k=8)
     used.start_request("a", api_bank_prompts[0])
-    used.propose(16)
+    used.propose("a", 16)
     used.stop_request("a")
     used.start_request("b", api_bank_prompts[2])
-    assert used.cached == [] and used.propose(16).tokens == expected
+    assert used.state("b").cached == [] and used.propose("b", 16).tokens == expected
+
+
+def test_concurrent_requests_keep_their_own_caches(smol, api_bank_prompts):
+    # One drafter, two requests in flight, proposals interleaved: each drafts as if it were alone.
+    alone = []
+    for i in (0, 2):
+        fresh = attached(smol, k=8)
+        fresh.start_request("x", api_bank_prompts[i])
+        alone.append(fresh.propose("x", 16).tokens)
+    both = attached(smol, k=8)
+    both.start_request("a", api_bank_prompts[0])
+    both.start_request("b", api_bank_prompts[2])
+    assert [both.propose("a", 16).tokens, both.propose("b", 16).tokens] == alone
+    assert both.state("a").cached != both.state("b").cached

@@ -4,9 +4,11 @@ import pytest
 import torch
 
 from oilbird.drafters import make_drafter
-from oilbird.drafters.goose import (ContextMatcher, GooseConfig, SuccessorTable, _row_bytes,
-                                    build_goose_tree, chain_confidence, propose_spine)
-from oilbird.verifier import PrefillObservation
+from oilbird.drafters.goose import (ContextMatcher, GooseConfig, SuccessorTable, build_goose_tree,
+                                    chain_confidence, propose_spine)
+from oilbird.drafters.goose_table import _row_bytes
+from oilbird.tree import DraftTree
+from oilbird.verifier import PrefillObservation, Verification
 
 
 def test_confidence_rule():
@@ -79,11 +81,11 @@ def test_no_spine_gives_a_pure_table_tree_and_empty_table_gives_ar():
 def test_successor_tables_are_per_tenant():
     drafter = make_drafter("goose")
     drafter.start_request("a", [1, 2], "A")
-    drafter.table.unigram[2] = ([50, 51], [0.9, 0.1])
+    drafter.state("a").table.unigram[2] = ([50, 51], [0.9, 0.1])
     drafter.start_request("b", [1, 2], "B")
-    assert not {50, 51} & set(drafter.propose(budget=20).tokens)
+    assert not {50, 51} & set(drafter.propose("b", budget=20).tokens)
     drafter.start_request("a2", [1, 2], "A")
-    assert 50 in drafter.propose(budget=20).tokens  # same tenant: the table persisted
+    assert 50 in drafter.propose("a2", budget=20).tokens  # same tenant: the table persisted
 
 
 # --- the row cap and the tenants (hand-built harvests) ---------------------------------------
@@ -118,7 +120,7 @@ def test_a_long_run_stays_within_the_cap_and_its_memory_bound():
         drafter.start_request(f"r{r}", prompt, "t")
         p = len(prompt) - 1
         ids = torch.tensor([[t + 1, t + 2] for t in prompt[:-1]])
-        drafter.observe_prefill(PrefillObservation(prompt[:-1], ids, torch.tensor([[1.0, 0.0]] * p)))
+        drafter.observe_prefill(f"r{r}", PrefillObservation(prompt[:-1], ids, torch.tensor([[1.0, 0.0]] * p)))
         drafter.stop_request(f"r{r}")
     table = drafter.tables.get("t")
     assert len(table.unigram) == 50 and len(table.bigram) == 50  # filled, never passed
@@ -138,15 +140,15 @@ def test_drop_tenant_forgets_only_that_tenants_table():
     drafter = make_drafter("goose")
     for tenant, token in (("A", 50), ("B", 60)):
         drafter.start_request(tenant, [1, 2], tenant)
-        harvest(drafter.table, [2], [1], first_id=token)
+        harvest(drafter.state(tenant).table, [2], [1], first_id=token)
         drafter.stop_request(tenant)
     both = drafter.memory_bytes()
     drafter.drop_tenant("A")
     assert drafter.tables.tenants() == ["B"] and 0 < drafter.memory_bytes() < both
     drafter.start_request("a2", [1, 2], "A")
-    assert not {50, 51} & set(drafter.propose(budget=20).tokens)  # A starts empty
+    assert not {50, 51} & set(drafter.propose("a2", budget=20).tokens)  # A starts empty
     drafter.start_request("b2", [1, 2], "B")
-    assert 60 in drafter.propose(budget=20).tokens  # B kept its table
+    assert 60 in drafter.propose("b2", budget=20).tokens  # B kept its table
 
 
 def test_goose_output_equals_greedy_on_api_bank(serve_api_bank):
@@ -171,3 +173,70 @@ def test_prefill_harvest_can_be_turned_off(smol):
         tables[harvest] = len(drafter.tables.get("default").unigram)
     # One forward harvests at most its one-node tree; the prefill adds every prompt position.
     assert tables[False] <= 1 < len(prompt) // 2 <= tables[True]
+
+
+# --- requests without top-k, and concurrent requests ----------------------------------------
+
+def test_without_topk_a_forward_harvests_its_known_argmax_as_top1_rows():
+    """vLLM may give no top-k: the argmax is known up to the committed tokens and -1 past them."""
+    drafter = make_drafter("goose")
+    drafter.start_request("r", [7, 1], "A")
+    drafter.observe_prefill("r", PrefillObservation([7], None, None))  # no top-k: nothing harvested
+    assert len(drafter.state("r").table) == 0
+    tree = DraftTree.chain(1, [2, 3], "tr")  # 1 -> 2 -> 3: 2 accepted, 3 rejected
+    drafter.observe("r", Verification(tree=tree, prefix_len=1, argmax=torch.tensor([2, 9, -1]),
+                                      topk_ids=None, topk_logits=None, path=[1], committed=[2, 9],
+                                      finished=False))
+    table = drafter.state("r").table
+    assert table.successors(None, 1, True) == [(2, 1.0)]
+    assert table.successors(1, 2, True) == [(9, 1.0)]
+    assert table.successors(2, 3, True) == []  # the rejected node's argmax is unknown: no row
+    assert drafter.state("r").sequence == [7, 1, 2, 9]
+    drafter.start_request("s", [5, 1], "A")
+    assert drafter.propose("s", budget=20).tokens == [1, 2, 9]
+
+
+def test_a_partial_prefill_harvests_its_rows_at_the_last_positions():
+    drafter = make_drafter("goose")
+    drafter.start_request("r", [7, 8, 1, 5], "A")
+    # One row, as an external engine gives: the state at the last prefilled token (1).
+    drafter.observe_prefill("r", PrefillObservation([7, 8, 1], torch.tensor([[5, 6]]),
+                                                    torch.tensor([[1.0, 0.0]])))
+    table = drafter.state("r").table
+    assert [t for t, _ in table.successors(8, 1, True)] == [5, 6]
+    assert table.successors(None, 7, True) == [] and len(table) == 2
+
+
+def _serve_steps(drafter, request_id, steps):
+    """One scripted cycle per call: propose, then a made-up verification accepting the first node."""
+    for _ in range(steps):
+        tree = drafter.propose(request_id, budget=30)
+        topk = torch.tensor([[t % 7 + 1, (t + 3) % 7 + 1] for t in tree.tokens])
+        path = [1] if len(tree) > 1 else []
+        committed = [tree.tokens[n] for n in path] + [(tree.tokens[path[-1] if path else 0] % 7) + 1]
+        drafter.observe(request_id, Verification(
+            tree=tree, prefix_len=0, argmax=topk[:, 0], topk_ids=topk,
+            topk_logits=torch.tensor([[1.0, 0.0]] * len(tree)), path=path, committed=committed,
+            finished=False))
+        yield tree
+
+
+def test_interleaved_requests_propose_what_they_would_alone():
+    prompts = {"a": ([1, 2, 3, 4, 5, 6, 7, 1, 2, 3], "A"), "b": ([3, 1, 4, 1, 5, 2, 6], "B")}
+    alone, together = make_drafter("goose"), make_drafter("goose")
+    expected = {}
+    for rid, (prompt, tenant) in prompts.items():
+        alone.start_request(rid, prompt, tenant)
+        expected[rid] = [(t.tokens, t.parents, t.sources, t.scores) for t in _serve_steps(alone, rid, 6)]
+        alone.stop_request(rid)
+    runs = {}
+    for rid, (prompt, tenant) in prompts.items():
+        together.start_request(rid, prompt, tenant)
+        runs[rid] = _serve_steps(together, rid, 6)
+    got = {rid: [] for rid in prompts}
+    for _ in range(6):
+        for rid, run in runs.items():
+            tree = next(run)
+            got[rid].append((tree.tokens, tree.parents, tree.sources, tree.scores))
+    assert got == expected
+    assert any(len(tokens) > 1 for tokens, *_ in expected["a"])  # the trees are not trivial

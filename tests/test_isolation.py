@@ -21,6 +21,7 @@ import torch
 
 from oilbird.decode import DecodeConfig, decode
 from oilbird.drafters import DRAFTERS, Drafter, make_drafter
+from oilbird.drafters.base import RequestState
 from oilbird.verifier import PrefillObservation, TreeVerifier, Verification
 
 HIDDEN = 8
@@ -48,13 +49,13 @@ def serve(drafter, request_id, prompt, output, tenant, token_range, seen_drafts)
         p = len(prompt) - 1
         topk = token_range[0] + torch.arange(p * 10).reshape(p, 10) % (token_range[1] - token_range[0])
         hidden = torch.randn(p, HIDDEN)
-        drafter.observe_prefill(PrefillObservation(prompt[:-1], topk,
-                                                   torch.linspace(5, 0, 10).repeat(p, 1),
-                                                   (hidden,)))
+        drafter.observe_prefill(request_id, PrefillObservation(prompt[:-1], topk,
+                                                               torch.linspace(5, 0, 10).repeat(p, 1),
+                                                               (hidden,)))
     for token in output:
-        tree = drafter.propose(budget=32)
+        tree = drafter.propose(request_id, budget=32)
         seen_drafts.update(tree.tokens[1:])
-        drafter.observe(fake_verification(tree, [token], token_range))
+        drafter.observe(request_id, fake_verification(tree, [token], token_range))
     drafter.stop_request(request_id)
 
 
@@ -121,6 +122,12 @@ class Violation:
     tokens: list[int]
 
 
+@dataclass
+class AuditedState(RequestState):
+    cycle: int = 0
+    """Proposals made so far for this request."""
+
+
 class Audited(Drafter):
     """A real drafter behind a proxy that checks every tree against what it may know.
 
@@ -133,6 +140,8 @@ class Audited(Drafter):
     from the future even when its ids happen to be known.
     """
 
+    State = AuditedState
+
     def __init__(self, inner: Drafter, lexical: bool = False) -> None:
         super().__init__()
         self.inner, self.lexical = inner, lexical
@@ -144,51 +153,54 @@ class Audited(Drafter):
         self.violations: list[Violation] = []
         self.trees: list[tuple[str, list[int], list[int]]] = []  # (request, tokens, parents)
         self.drafted = 0
-        self.cycle = 0
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> AuditedState:
         assert tenant == TENANT, "the oracle is kept for one tenant"
-        super().start_request(request_id, prompt_ids, tenant)
+        state = super().start_request(request_id, prompt_ids, tenant)
         self.inner.start_request(request_id, prompt_ids, tenant)
         self.known_at_start[request_id] = frozenset(self.known)
         self.known.update(int(t) for t in prompt_ids)
-        self.cycle = 0
+        return state
 
-    def observe_prefill(self, observation: PrefillObservation) -> None:
-        self.inner.observe_prefill(observation)
+    def observe_prefill(self, request_id: str, observation: PrefillObservation) -> None:
+        self.inner.observe_prefill(request_id, observation)
         self.known.update(int(t) for t in observation.tokens)
         self.known.update(observation.topk_ids.reshape(-1).tolist())
 
-    def propose(self, budget: int):
-        tree = self.inner.propose(budget)
-        where = (self.request_id, self.cycle)
-        self.cycle += 1
-        self.trees.append((self.request_id, list(tree.tokens), list(tree.parents)))
+    def propose(self, request_id: str, budget: int):
+        state = self.state(request_id)
+        tree = self.inner.propose(request_id, budget)
+        where = (request_id, state.cycle)
+        state.cycle += 1
+        self.trees.append((request_id, list(tree.tokens), list(tree.parents)))
         self.drafted += len(tree) - 1
         unknown = [t for t in tree.tokens[1:] if t not in self.known]
         if unknown:
             self.violations.append(Violation(*where, "id", unknown))
         if self.lexical:
-            texts = self.finished + [self.sequence]
+            texts = self.finished + [state.sequence]
             for path in root_to_leaf_paths(tree.tokens, tree.parents):
                 if not any(occurs_in(path, text) for text in texts):
                     self.violations.append(Violation(*where, "path", path))
         return tree
 
-    def observe(self, verification: Verification) -> None:
-        self.inner.observe(verification)
-        super().observe(verification)
+    def observe(self, request_id: str, verification: Verification) -> AuditedState:
+        self.inner.observe(request_id, verification)
+        state = super().observe(request_id, verification)
         self.known.update(int(t) for t in verification.committed)
         self.known.update(verification.argmax.reshape(-1).tolist())
         self.known.update(verification.topk_ids.reshape(-1).tolist())
+        return state
 
-    def stop_request(self, request_id: str) -> None:
+    def stop_request(self, request_id: str) -> AuditedState | None:
         self.inner.stop_request(request_id)
-        self.finished.append(list(self.sequence))
-        super().stop_request(request_id)
+        state = super().stop_request(request_id)
+        if state is not None:
+            self.finished.append(list(state.sequence))
+        return state
 
-    def request_stats(self) -> dict:
-        return self.inner.request_stats()
+    def request_stats(self, request_id: str) -> dict:
+        return self.inner.request_stats(request_id)
 
 
 def root_to_leaf_paths(tokens: list[int], parents: list[int]) -> list[list[int]]:

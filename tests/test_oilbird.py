@@ -27,12 +27,12 @@ def serve(drafter, request_id, prompt, output, tenant):
     """Commit `output` one token per cycle; return every tree proposed."""
     drafter.start_request(request_id, prompt, tenant)
     states = STATE.repeat(len(prompt) - 1, 1)
-    drafter.observe_prefill(PrefillObservation(prompt[:-1], torch.zeros(len(prompt) - 1, 0),
-                                               torch.zeros(len(prompt) - 1, 0), (states,)))
+    drafter.observe_prefill(request_id, PrefillObservation(prompt[:-1], torch.zeros(len(prompt) - 1, 0),
+                                                           torch.zeros(len(prompt) - 1, 0), (states,)))
     trees = []
     for token in output:
-        trees.append(drafter.propose(budget=40))
-        drafter.observe(verification(trees[-1], [token]))
+        trees.append(drafter.propose(request_id, budget=40))
+        drafter.observe(request_id, verification(trees[-1], [token]))
     drafter.stop_request(request_id)
     return trees
 
@@ -43,8 +43,8 @@ def semantic_tokens(trees):
 
 def new_drafter(**overrides):
     # PLD host: a repetitive prompt gives it a lexical match every cycle, so the key may extend it.
-    config = OilbirdPLDConfig(sem_self_calibrate=False, sem_rejected_pool=False, sem_index_prompt=False,
-                              **overrides)
+    config = OilbirdPLDConfig(**dict(dict(sem_self_calibrate=False, sem_rejected_pool=False,
+                                          sem_index_prompt=False), **overrides))
     return make_drafter("oilbird-pld", config)
 
 
@@ -75,12 +75,13 @@ def test_the_cycle_just_committed_is_not_searchable():
     drafter = new_drafter()
     drafter.start_request("r", PROMPT, "t")
     states = STATE.repeat(len(PROMPT) - 1, 1)
-    drafter.observe_prefill(PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0),
-                                               (states,)))
-    tree = drafter.propose(budget=40)
-    drafter.observe(verification(tree, [50]))
-    assert drafter.watermark.trace == drafter.memory.store.next_id - 1  # the record of 50 waits one cycle
-    assert not semantic_tokens([drafter.propose(budget=40)])  # its only record has no value yet
+    drafter.observe_prefill("r", PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0),
+                                                    (states,)))
+    tree = drafter.propose("r", budget=40)
+    drafter.observe("r", verification(tree, [50]))
+    state = drafter.state("r")
+    assert state.watermark.trace == state.memory.store.next_id - 1  # the record of 50 waits one cycle
+    assert not semantic_tokens([drafter.propose("r", budget=40)])  # its only record has no value yet
 
 
 def test_entry_budget_zero_gives_exactly_the_host_tree():
@@ -90,9 +91,9 @@ def test_entry_budget_zero_gives_exactly_the_host_tree():
     trees = serve(plain, "b", PROMPT, output(100), "A")
     host.start_request("b", PROMPT, "A")
     for tree, token in zip(trees, output(100)):
-        expected = host.propose(budget=40)
+        expected = host.propose("b", budget=40)
         assert tree.tokens == expected.tokens and tree.parents == expected.parents
-        host.observe(verification(expected, [token]))
+        host.observe("b", verification(expected, [token]))
 
 
 def test_node_budget_is_never_exceeded_and_the_key_never_opens_a_chain():
@@ -100,9 +101,9 @@ def test_node_budget_is_never_exceeded_and_the_key_never_opens_a_chain():
     serve(drafter, "a", PROMPT, output(100), "A")
     drafter.start_request("b", [7, 8, 9], "A")  # no repetition: PLD finds nothing
     states = STATE.repeat(2, 1)
-    drafter.observe_prefill(PrefillObservation([7, 8], torch.zeros(2, 0), torch.zeros(2, 0),
-                                               (states,)))
-    assert len(drafter.propose(budget=40)) == 1
+    drafter.observe_prefill("b", PrefillObservation([7, 8], torch.zeros(2, 0), torch.zeros(2, 0),
+                                                    (states,)))
+    assert len(drafter.propose("b", budget=40)) == 1
     trees = serve(drafter, "c", PROMPT, output(100), "A")
     assert all(len(t) <= 40 for t in trees) and semantic_tokens(trees)
 
@@ -114,8 +115,8 @@ def test_config_errors_are_clear():
     drafter.start_request("r", PROMPT, "t")
     states = STATE.repeat(7, 1)
     with pytest.raises(ConfigError, match="sem_layer=40"):
-        drafter.observe_prefill(PrefillObservation(PROMPT[:-1], torch.zeros(7, 10, dtype=torch.long),
-                                                   torch.zeros(7, 10), (states,)))
+        drafter.observe_prefill("r", PrefillObservation(PROMPT[:-1], torch.zeros(7, 10, dtype=torch.long),
+                                                        torch.zeros(7, 10), (states,)))
 
 
 # --- end to end on the real model ----------------------------------------------------------
@@ -149,6 +150,7 @@ class Harness:
     every forward commits two tokens: node 1's and the bonus (unique, or always `bonus` when set).
     With `rejected`, node 2 drafts `bonus` under the root: a rejected node whose token is the
     anchor of every later proposal, so each forward leaves a rejected record the pool may answer.
+    Several requests may be in flight: `cycle` names the request it drives.
     """
 
     def __init__(self, drafter, bonus: int | None = None, rejected: bool = False, seed: int = 0) -> None:
@@ -156,11 +158,13 @@ class Harness:
         self.gen = torch.Generator().manual_seed(seed)
         self.next_token, self.forwards = 1000, 0
         self.harvest_of: dict[int, object] = {}  # unique token -> "prompt", "anchor" or its forward
-        self.last_keys = torch.empty(0, HIDDEN)  # [m, d] unit keys of the last harvest's records
+        self.request_of: dict[int, str] = {}  # unique token -> the request that committed it
+        self.last_keys: dict[str, torch.Tensor] = {}  # request -> [m, d] unit keys of its last harvest
+        self.current = ""  # the request of the last `start`
         drafter.host.propose = self.host_tree
 
-    def host_tree(self, budget: int) -> DraftTree:
-        tree = DraftTree.chain(self.drafter.anchor, [self.next_token], "pld")
+    def host_tree(self, request_id: str, budget: int) -> DraftTree:
+        tree = DraftTree.chain(self.drafter.state(request_id).anchor, [self.next_token], "pld")
         if self.rejected:
             tree.add(0, self.bonus, "pld")
         return tree
@@ -174,26 +178,30 @@ class Harness:
         if self.bonus is not None:
             prompt[-1] = self.bonus  # every anchor is the bonus: the pool may answer every proposal
         self.harvest_of.update({t: "prompt" for t in prompt[1:-1]} | {prompt[-1]: "anchor"})
+        self.request_of.update({t: request_id for t in prompt})
         self.drafter.start_request(request_id, prompt, tenant)
         p = prompt_len - 1
         states = torch.randn(p, HIDDEN, generator=self.gen)  # [p, d]
-        self.drafter.observe_prefill(PrefillObservation(prompt[:-1], torch.zeros(p, 0), torch.zeros(p, 0),
-                                                        (states,)))
-        self.last_keys = normalize(states[-1:])  # the anchor's own record: the first query
+        self.drafter.observe_prefill(request_id, PrefillObservation(prompt[:-1], torch.zeros(p, 0),
+                                                                    torch.zeros(p, 0), (states,)))
+        self.last_keys[request_id] = normalize(states[-1:])  # the anchor's own record: the first query
+        self.current = request_id
 
-    def cycle(self, cycle: int) -> DraftTree:
-        """Propose, then observe forward `cycle` of the request (0-based)."""
-        tree = self.drafter.propose(budget=40)
+    def cycle(self, cycle: int, request_id: str | None = None) -> DraftTree:
+        """Propose, then observe forward `cycle` (0-based) of `request_id` (default: the last started)."""
+        request_id = request_id or self.current
+        tree = self.drafter.propose(request_id, budget=40)
         n = len(tree)
         committed = self.take(1) + ([self.bonus] if self.bonus is not None else self.take(1))
         self.harvest_of.update({t: cycle for t in committed if t != self.bonus})
+        self.request_of.update({t: request_id for t in committed if t != self.bonus})
         states = torch.randn(n, HIDDEN, generator=self.gen)  # [n, d]
         argmax = torch.full((n,), MARK + self.forwards)
-        self.drafter.observe(Verification(tree=tree, prefix_len=0, argmax=argmax,
-                                          topk_ids=argmax[:, None].repeat(1, 10), topk_logits=torch.zeros(n, 10),
-                                          hidden_states=(states,), path=[1], committed=committed,
-                                          finished=False))
-        self.last_keys = normalize(states[:2])  # committed token j was predicted by ([root] + path)[j]
+        self.drafter.observe(request_id, Verification(
+            tree=tree, prefix_len=0, argmax=argmax, topk_ids=argmax[:, None].repeat(1, 10),
+            topk_logits=torch.zeros(n, 10), hidden_states=(states,), path=[1], committed=committed,
+            finished=False))
+        self.last_keys[request_id] = normalize(states[:2])  # committed token j was predicted by ([root] + path)[j]
         self.forwards += 1
         return tree
 
@@ -240,7 +248,7 @@ def test_eviction_never_makes_the_cycle_just_committed_searchable(monkeypatch, g
     for r in range(3):
         harness.start(f"r{r}")
         for c in range(8):
-            keys_before = harness.last_keys
+            keys_before = harness.last_keys[f"r{r}"]
             n = len(searches)
             harness.cycle(c)
             for keys in searches[n:]:
@@ -248,7 +256,7 @@ def test_eviction_never_makes_the_cycle_just_committed_searchable(monkeypatch, g
                 assert similarity < 0.9, f"request {r} cycle {c}: searched a record of the harvest just made"
                 checked += 1
         harness.drafter.stop_request(f"r{r}")
-    store = harness.drafter.memory.store
+    store = harness.drafter.memories.get("t").store
     assert checked and store.evicted_records > 20, "the store never evicted: the test would prove nothing"
 
 
@@ -302,9 +310,71 @@ def test_a_tenant_dropped_before_its_first_states_is_not_built_again():
     drafter.start_request("r", PROMPT, "A")
     drafter.drop_tenant("A")
     states = STATE.repeat(len(PROMPT) - 1, 1)
-    drafter.observe_prefill(PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0), (states,)))
+    drafter.observe_prefill("r", PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0), (states,)))
     for token in output(100, 2):
-        drafter.observe(verification(drafter.propose(budget=40), [token]))
-    drafter.stop_request("r")
+        drafter.observe("r", verification(drafter.propose("r", budget=40), [token]))
+    state = drafter.stop_request("r")
     assert "A" not in drafter.memories and drafter.memory_bytes() == 0
-    assert len(drafter.memory.store) > 0  # the request kept harvesting into its orphaned memory
+    assert len(state.memory.store) > 0  # the request kept harvesting into its orphaned memory
+
+
+def test_two_interleaved_requests_of_one_tenant_keep_the_rule_and_their_own_values(monkeypatch):
+    """Requests a and b of one tenant take turns (a's forward p, then b's forward p). Each skips
+    its own newest harvest at its next proposal, above all its query's own record, but finds
+    what the other request committed before its last harvest; no value crosses requests."""
+    searches: list = []
+    spy_on(monkeypatch, TraceStore, searches, lambda store, ids: (store_tokens(store, ids), store_keys(store, ids)))
+    values: list = []
+    original_value = TraceStore.value
+
+    def value(self, record, length, visible_end):
+        chain = original_value(self, record, length, visible_end)
+        values.append((self.tokens[record], chain))
+        return chain
+
+    monkeypatch.setattr(TraceStore, "value", value)
+    harness = Harness(probe_drafter())
+
+    def records(request: str, upto_forward: int, anchor: bool = True) -> set[int]:
+        return {t for t, h in harness.harvest_of.items() if harness.request_of[t] == request
+                and (h == "prompt" or (h == "anchor" and anchor) or (isinstance(h, int) and h <= upto_forward))}
+
+    harness.start("a")
+    harness.start("b")
+    for p in range(5):
+        for request, other in (("a", "b"), ("b", "a")):
+            own_keys, n = harness.last_keys[request], len(searches)
+            harness.cycle(p, request)
+            found, keys = searches[n]
+            if p == 0:  # b prefilled after a: a's first proposal knows nothing of b
+                expected = records(request, -1, anchor=False) | (records("a", -1) if request == "b" else set())
+            else:  # the other's forward p - 1 came before b's harvest p - 1, after a's
+                expected = records(request, p - 2) | records(other, p - 1 if request == "b" else p - 2)
+            assert found == expected, f"request {request}, proposal {p}"
+            assert not len(keys) or float((keys @ own_keys.T).max()) < 0.9, "found its own newest record"
+    assert any(chain for _, chain in values), "no value was read: the test would prove nothing"
+    for token, chain in values:
+        assert {harness.request_of[t] for t in chain} <= {harness.request_of[token]}, "a value crossed requests"
+
+
+def test_a_partial_prefill_gives_the_first_query_and_indexes_nothing():
+    """An external engine (vLLM) gives only the last layer's state at the last prompt position;
+    its top-k may be missing. That state is the first query; the prompt is not indexed."""
+    drafter = new_drafter(sem_index_prompt=True)
+    serve(drafter, "a1", PROMPT, output(100), "A")
+    store = drafter.memories.get("A").store
+    held = len(store)
+    prompt = PROMPT + [3]  # the engine already sampled the first output token: it is the anchor
+    state = drafter.start_request("a2", prompt, "A")
+    drafter.observe_prefill("a2", PrefillObservation(PROMPT, None, None, (STATE[None],)))  # [1, d]
+    assert len(store) == held and state.query is not None and state.watermark.trace == store.next_id
+    trees = []
+    for token in output(200, 2):
+        trees.append(drafter.propose("a2", budget=40))
+        ver = verification(trees[-1], [token])
+        drafter.observe("a2", Verification(**dict(vars(ver), topk_ids=None, topk_logits=None)))
+    assert {t for t in semantic_tokens(trees[:1]) if 100 <= t < 110}, "the partial query found nothing"
+    assert len(store) == held + 8
+    drafter.start_request("b1", prompt, "B")  # a tenant's first states may come from a partial prefill
+    drafter.observe_prefill("b1", PrefillObservation(PROMPT, None, None, (STATE[None],)))
+    assert len(drafter.memories.get("B").store) == 0 and drafter.state("b1").query is not None

@@ -41,7 +41,7 @@ def test_index_matches_reference_scan(seq, max_ngram, k):
 def test_drafter_proposes_a_chain_under_the_anchor_within_budget():
     drafter = make_drafter("pld", PLDConfig(max_ngram=3, num_pred_tokens=10))
     drafter.start_request("r", [10, 11, 12, 13, 14, 15, 10, 11])
-    tree = drafter.propose(budget=4)
+    tree = drafter.propose("r", budget=4)
     assert tree.tokens == [11, 12, 13, 14]  # root = anchor, then 3 drafts (budget includes root)
     assert tree.parents == [-1, 0, 1, 2]
     assert all(s == {"pld"} for s in tree.sources[1:])
@@ -50,4 +50,4 @@ def test_drafter_proposes_a_chain_under_the_anchor_within_budget():
 def test_ar_drafts_nothing():
     drafter = make_drafter("ar")
     drafter.start_request("r", [1, 2, 1])
-    assert drafter.propose(budget=64).tokens == [1]
+    assert drafter.propose("r", budget=64).tokens == [1]

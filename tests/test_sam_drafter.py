@@ -8,11 +8,11 @@ from oilbird.tree import DraftTree
 from oilbird.verifier import Verification
 
 
-def commit(drafter, tokens):
-    """Feed committed tokens to the drafter as a verification of a root-only tree would."""
-    tree = DraftTree.root(drafter.anchor)
+def commit(drafter, rid, tokens):
+    """Feed committed tokens of request `rid` to the drafter as a verification of a root-only tree would."""
+    tree = DraftTree.root(drafter.state(rid).anchor)
     n = len(tree)
-    drafter.observe(Verification(
+    drafter.observe(rid, Verification(
         tree=tree, prefix_len=0, argmax=torch.zeros(n, dtype=torch.long),
         topk_ids=torch.zeros(n, 1, dtype=torch.long), topk_logits=torch.zeros(n, 1),
         path=[], committed=list(tokens), finished=False))
@@ -20,7 +20,7 @@ def commit(drafter, tokens):
 
 def serve(drafter, rid, prompt, output, tenant="t"):
     drafter.start_request(rid, prompt, tenant)
-    commit(drafter, output)
+    commit(drafter, rid, output)
     drafter.stop_request(rid)
 
 
@@ -32,31 +32,31 @@ def test_drafts_from_past_request_of_same_tenant():
     drafter = make_drafter("sam", SAMConfig(max_candidates=1))
     serve(drafter, "r1", [1, 2, 3], [4, 5, 6, 7])
     drafter.start_request("r2", [9, 2, 3, 4], "t")
-    tree = drafter.propose(budget=10)
+    tree = drafter.propose("r2", budget=10)
     assert tree.tokens[0] == 4 and tree.tokens[1:4] == [5, 6, 7]  # "2 3 4" matched in r1
 
 
 def test_local_text_drafts_and_never_matches_itself():
     drafter = make_drafter("sam", SAMConfig(max_candidates=1))
     drafter.start_request("r", [5, 6, 7, 8, 5, 6], "t")
-    tree = drafter.propose(budget=4)
+    tree = drafter.propose("r", budget=4)
     assert tree.tokens == [6, 7, 8, 5]  # "5 6" occurred at 0; budget 4 = root + 3
     drafter.start_request("s", [1, 2, 3], "t")
-    assert len(drafter.propose(budget=10)) == 1  # nothing occurred before: no draft
+    assert len(drafter.propose("s", budget=10)) == 1  # nothing occurred before: no draft
 
 
 def test_tenants_are_isolated():
     drafter = make_drafter("sam")
     serve(drafter, "a1", [1, 2, 3], [40, 41, 42], tenant="A")
     drafter.start_request("b1", [1, 2, 3], "B")
-    tree = drafter.propose(budget=20)
+    tree = drafter.propose("b1", budget=20)
     assert not {40, 41, 42} & set(tree.tokens)
 
 
 def test_no_leakage_of_the_current_request_into_the_pool():
     drafter = make_drafter("sam")
     drafter.start_request("r1", [1, 2, 3], "t")
-    commit(drafter, [70, 71])
+    commit(drafter, "r1", [70, 71])
     # While r1 runs, another request of the tenant must not see r1's text.
     other = drafter.pool.get("t")
     assert other.sam.match([70])[1] == 0
@@ -70,10 +70,10 @@ def test_back_off_adds_other_continuations_within_budget():
     serve(drafter, "r2", [1, 2], [4, 9])
     serve(drafter, "r3", [5, 2], [6, 9])
     drafter.start_request("r4", [7, 1, 2], "t")
-    tree = drafter.propose(budget=8)
+    tree = drafter.propose("r4", budget=8)
     first_level = {tree.tokens[c] for c in tree.children(0)}
     assert first_level == {3, 4, 6}  # "1 2" -> 3, 4; back-off to "2" adds 6
-    assert len(drafter.propose(budget=3)) <= 3
+    assert len(drafter.propose("r4", budget=3)) <= 3
 
 
 def test_pool_cap_evicts_the_oldest_requests_and_drop_tenant_forgets_the_pool():
@@ -88,7 +88,7 @@ def test_pool_cap_evicts_the_oldest_requests_and_drop_tenant_forgets_the_pool():
     drafter.drop_tenant("t")
     assert drafter.pool.tenants() == ["u"] and 0 < drafter.memory_bytes() < both
     drafter.start_request("again", [9, 301, 302], "t")
-    assert len(drafter.propose(budget=10)) == 1  # t's old pool is gone: nothing to draft
+    assert len(drafter.propose("again", budget=10)) == 1  # t's old pool is gone: nothing to draft
 
 
 def test_sam_output_equals_greedy_on_api_bank(serve_api_bank):

@@ -94,3 +94,50 @@ def test_record_ids_survive_eviction():
     store.add([300, 301, 302], torch.stack([basis(5), basis(6), basis(7)]))
     _, ids = store.search(basis(7), k=20, before_id=mark)
     assert {store.tokens[i] for i in ids}.isdisjoint({300, 301, 302}) and len(ids) == store.count_before(mark)
+
+
+def test_interleaved_owners_never_splice_one_requests_continuation_onto_another():
+    """Two requests of one tenant add in turns: each add by the other owner opens a segment, so a
+    value stops where the other request's records begin (cut short, never spliced)."""
+    store = TraceStore(8, index="exact")
+    keys = torch.stack([basis(0), basis(1)])
+    store.add([10, 11], keys, owner="a")  # indices 0-1
+    store.add([20, 21], keys, owner="b")  # 2-3
+    store.add([12, 13], keys, owner="a")  # 4-5
+    store.add([14], keys[:1], owner="a")  # 6: a's newest segment continues
+    store.add([22], keys[:1], owner="b")  # 7
+    assert store.value(0, 10, len(store)) == [11]  # not 20: b's records intervene
+    assert store.value(2, 10, len(store)) == [21]
+    assert store.value(4, 10, len(store)) == [13, 14]
+    assert store.value(6, 10, len(store)) == [] and store.value(7, 10, len(store)) == []
+    assert [store.segment_end(i) for i in range(8)] == [2, 2, 4, 4, 7, 7, 7, 8]
+
+
+def test_serial_requests_are_one_segment_each_and_a_reused_id_opens_a_new_one():
+    store = TraceStore(8, index="exact")
+    keys = torch.stack([basis(0), basis(1)])
+    store.begin_request("r")  # what a drafter does at each start_request
+    store.add([10, 11], keys, owner="r")
+    store.add([12], keys[:1], owner="r")
+    store.begin_request("r")  # a new request with the same id
+    store.add([20, 21], keys, owner="r")
+    assert store.value(0, 10, len(store)) == [11, 12]  # one request: one segment
+    assert store.value(2, 10, len(store)) == [] and store.value(3, 10, len(store)) == [21]
+    store.begin_request("s")
+    store.begin_request("t")  # an empty segment changes hands instead of piling up
+    store.add([30], keys[:1], owner="u")  # and passes to whoever adds first
+    assert store.starts == [0, 3, 5] and store.owners == ["r", "r", "u"]
+
+
+def test_eviction_keeps_each_segments_owner():
+    store = TraceStore(8, max_records=10, index="exact")
+    keys = torch.stack([basis(i) for i in range(3)])
+    for turn in range(4):  # a, b, a, b, ...: 3 records per add, 24 in all
+        for owner in ("a", "b"):
+            store.add([100 * turn + (0 if owner == "a" else 50) + i for i in range(3)], keys, owner=owner)
+    assert len(store) <= 10 and store.starts[0] == 0 and len(store.starts) == len(store.owners)
+    for start, owner in zip(store.starts, store.owners):  # each segment's tokens are its owner's
+        mine = {t % 100 < 50 for t in store.tokens[start:store.segment_end(start)]}
+        assert mine == {owner == "a"}
+    store.add([999], keys[:1], owner=store.owners[-1])  # the newest owner continues its segment
+    assert store.value(len(store) - 2, 5, len(store)) == [999]

@@ -1,6 +1,6 @@
 """`oilbird serve`'s command line (oilbird/serve.py) where vLLM is not installed.
 
-The server itself is tested in the vLLM environment (tests/vllm/); here: what reaches vLLM's
+The server itself is tested in the vLLM environment (tests/serving/); here: what reaches vLLM's
 parser, and that mistakes are reported before vLLM would start.
 """
 

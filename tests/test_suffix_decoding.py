@@ -10,11 +10,12 @@ from oilbird.tree import DraftTree
 from oilbird.verifier import Verification
 
 
-def commit(drafter, tokens):
-    """Tell the drafter that `tokens` were committed (what the verifier would report)."""
-    tree = DraftTree.root(drafter.anchor)
-    drafter.observe(Verification(
-        tree=tree, prefix_len=len(drafter.sequence) - 1, argmax=torch.zeros(1, dtype=torch.long),
+def commit(drafter, request_id, tokens):
+    """Tell the drafter that `tokens` of `request_id` were committed (what the verifier would report)."""
+    state = drafter.state(request_id)
+    tree = DraftTree.root(state.anchor)
+    drafter.observe(request_id, Verification(
+        tree=tree, prefix_len=len(state.sequence) - 1, argmax=torch.zeros(1, dtype=torch.long),
         topk_ids=torch.zeros((1, 1), dtype=torch.long), topk_logits=torch.zeros((1, 1)), path=[], committed=list(tokens), finished=False))
 
 
@@ -22,7 +23,7 @@ def serve(drafter, request_id, prompt, response, tenant="default"):
     """A whole request: start, commit the response token by token, stop."""
     drafter.start_request(request_id, prompt, tenant)
     for token in response:
-        commit(drafter, [token])
+        commit(drafter, request_id, [token])
     drafter.stop_request(request_id)
 
 
@@ -49,7 +50,7 @@ def test_bad_config_is_refused():
 def test_drafts_from_the_request_itself():
     drafter = make_drafter("suffix")
     drafter.start_request("r", [10, 11, 12, 13, 14, 10, 11])
-    tree = drafter.propose(budget=64)
+    tree = drafter.propose("r", budget=64)
     assert tree.tokens[0] == 11  # rooted at the anchor
     # "10 11" (m = 2) occurs twice, once with no continuation yet: 12 13 at p = 1/2 each.
     assert drafted(tree) == [12, 13]
@@ -62,7 +63,7 @@ def test_cross_request_reuse_within_a_tenant():
     drafter = make_drafter("suffix")
     serve(drafter, "r1", [100, 101], [5, 6, 7, 8, 9], tenant="t")
     drafter.start_request("r2", [200, 201, 5, 6], tenant="t")
-    tree = drafter.propose(budget=64)
+    tree = drafter.propose("r2", budget=64)
     assert drafted(tree) == [7, 8]  # "5 6" (m = 2) seen only in r1's response
     assert tree.parents == [-1, 0, 1]
     assert tree.scores[1:] == [1.0, 1.0]
@@ -72,13 +73,13 @@ def test_tenants_are_isolated():
     drafter = make_drafter("suffix")
     serve(drafter, "r1", [100, 101], [5, 6, 7, 8, 9], tenant="A")
     drafter.start_request("r2", [200, 201, 5, 6], tenant="B")
-    assert drafted(drafter.propose(budget=64)) == []
+    assert drafted(drafter.propose("r2", budget=64)) == []
     for token in [7, 8, 9]:  # B's own text is fine; A's never shows up
-        commit(drafter, [token])
-        assert not set(drafted(drafter.propose(budget=64))) - {200, 201, 5, 6, 7, 8, 9}
+        commit(drafter, "r2", [token])
+        assert not set(drafted(drafter.propose("r2", budget=64))) - {200, 201, 5, 6, 7, 8, 9}
     drafter.stop_request("r2")
     drafter.start_request("r3", [300, 5, 6], tenant="A")
-    assert drafted(drafter.propose(budget=64)) == [7, 8]  # A still has its own history
+    assert drafted(drafter.propose("r3", budget=64)) == [7, 8]  # A still has its own history
 
 
 def test_never_proposes_the_current_requests_future():
@@ -86,11 +87,11 @@ def test_never_proposes_the_current_requests_future():
     drafter = make_drafter("suffix")
     drafter.start_request("r", prompt)
     for i, token in enumerate(future):
-        proposal = drafted(drafter.propose(budget=64))
+        proposal = drafted(drafter.propose("r", budget=64))
         # Before 9 is committed no committed text contains it, so no draft may contain it.
         assert set(proposal) <= set(prompt + future[:i])
-        commit(drafter, [token])
-    assert drafted(drafter.propose(budget=64))[:1] == [1]  # "9" was followed by "1" once
+        commit(drafter, "r", [token])
+    assert drafted(drafter.propose("r", budget=64))[:1] == [1]  # "9" was followed by "1" once
     drafter.stop_request("r")
 
 
@@ -99,12 +100,12 @@ def test_budget_is_respected():
     prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 6 + [1, 2, 3, 4]
     drafter.start_request("r", prompt)
     for budget in [1, 2, 3, 5, 9, 64]:
-        tree = drafter.propose(budget)
+        tree = drafter.propose("r", budget)
         assert len(tree) <= budget and tree.tokens[0] == 4
-    assert drafted(drafter.propose(5)) == [5, 6, 7, 8]
+    assert drafted(drafter.propose("r", 5)) == [5, 6, 7, 8]
     capped = make_drafter("suffix", SuffixDecodingConfig(max_spec_tokens=2))
     capped.start_request("r", prompt)
-    assert drafted(capped.propose(64)) == [5, 6]
+    assert drafted(capped.propose("r", 64)) == [5, 6]
 
 
 def test_tree_mode_branches_and_path_mode_does_not():
@@ -113,12 +114,12 @@ def test_tree_mode_branches_and_path_mode_does_not():
     prompt = [1, 2, 5, 9, 1, 2, 6, 8, 1, 2, 5, 7, 1, 2, 6, 3, 1, 2]
     drafter = make_drafter("suffix")
     drafter.start_request("r", prompt)
-    tree = drafter.propose(64)
+    tree = drafter.propose("r", 64)
     assert tree.tokens == [2, 5, 6] and tree.parents == [-1, 0, 0]
     assert tree.scores[1:] == pytest.approx([0.4, 0.4])
     path = make_drafter("suffix", SuffixDecodingConfig(use_tree=False))
     path.start_request("r", prompt)
-    chain = path.propose(64)
+    chain = path.propose("r", 64)
     assert chain.tokens == [2, 5, 7] and chain.parents == [-1, 0, 1]  # ties go to the smaller id
     assert chain.scores[1:] == pytest.approx([0.4, 0.2])
 
@@ -131,7 +132,7 @@ def test_fifo_eviction_past_max_cached_requests():
     assert list(cache.seq_ids) == ["b", "c"]  # "a" went when "c" started (the active one counts)
     drafter.start_request("d", [9, 60])  # starting "d" evicts "b" too
     assert list(cache.seq_ids) == ["c", "d"]
-    assert drafted(drafter.propose(64)) == [61]  # c's response is still there
+    assert drafted(drafter.propose("d", 64)) == [61]  # c's response is still there
     assert cache.tree.speculate([9, 40], 5).token_ids == []
     assert cache.tree.speculate([9, 50], 5).token_ids == []
     assert cache.tree.speculate([9, 60], 5).token_ids == [61]
@@ -142,14 +143,14 @@ def test_reused_request_id_drops_its_old_response():
     drafter = make_drafter("suffix")
     serve(drafter, "same", [0], [7, 8, 9])
     drafter.start_request("same", [1, 7])
-    assert drafted(drafter.propose(64)) == []  # a re-run never drafts its own earlier answer
+    assert drafted(drafter.propose("same", 64)) == []  # a re-run never drafts its own earlier answer
 
 
 def test_zero_cached_requests_uses_only_the_local_tree():
     drafter = make_drafter("suffix", SuffixDecodingConfig(max_cached_requests=0))
     serve(drafter, "r1", [0], [7, 8, 9])
     drafter.start_request("r2", [1, 7])
-    assert drafted(drafter.propose(64)) == []
+    assert drafted(drafter.propose("r2", 64)) == []
 
 
 def test_global_wins_when_better_and_local_wins_ties():
@@ -157,14 +158,14 @@ def test_global_wins_when_better_and_local_wins_ties():
     serve(drafter, "r1", [0], [5, 6, 8, 9])
     drafter.start_request("r2", [5, 6, 7, 3, 5, 6])
     # Local "5 6" -> 7 3 at p = 1/2 (score 1); global "5 6" -> 8 9 at p = 1 (score 2).
-    assert drafted(drafter.propose(64)) == [8, 9]
+    assert drafted(drafter.propose("r2", 64)) == [8, 9]
     drafter.stop_request("r2")
 
     drafter = make_drafter("suffix", SuffixDecodingConfig(use_tree=False))
     serve(drafter, "r1", [0], [5, 6, 1])
     drafter.start_request("r2", [5, 6, 7, 8, 5, 6])
     # Local 7 8 at p = 1/2 and global 1 at p = 1 both score 1: the local draft is kept.
-    assert drafted(drafter.propose(64)) == [7, 8]
+    assert drafted(drafter.propose("r2", 64)) == [7, 8]
 
 
 # --- the token cap and the tenants --------------------------------------------------------------
@@ -175,11 +176,11 @@ def test_token_cap_evicts_the_oldest_responses_first():
     serve(drafter, "b", [0], [50, 51, 52])
     cache = drafter.caches.get("default")
     drafter.start_request("c", [0])
-    commit(drafter, [60])  # 3 + 3 + 1 = 7 tokens: all fit
+    commit(drafter, "c", [60])  # 3 + 3 + 1 = 7 tokens: all fit
     assert list(cache.seq_ids) == ["a", "b", "c"] and cache.num_tokens == 7
-    commit(drafter, [61])  # the 8th token: the oldest response, a, makes room
+    commit(drafter, "c", [61])  # the 8th token: the oldest response, a, makes room
     assert list(cache.seq_ids) == ["b", "c"] and cache.num_tokens == 5
-    commit(drafter, [62])
+    commit(drafter, "c", [62])
     drafter.stop_request("c")
     assert cache.tree.speculate([9, 40], 5).token_ids == []  # a is gone from the tree
     assert cache.tree.speculate([9, 50], 5).token_ids == [51]
@@ -195,12 +196,12 @@ def test_a_response_alone_over_the_cap_stops_growing_in_the_global_tree():
     drafter.start_request("long", [0, 1, 2, 3])
     cache = drafter.caches.get("default")
     for token in [5, 6, 7, 8, 9, 10, 11, 9]:
-        commit(drafter, [token])
+        commit(drafter, "long", [token])
         assert cache.num_tokens <= 4
     assert list(cache.seq_ids) == ["long"]  # its own growth evicted only the older response
     assert cache.tree.sequence(cache.seq_ids["long"]) == [5, 6, 7, 8]  # its first 4 tokens
     assert cache.tree.speculate([9], 5).token_ids == []
-    assert drafted(drafter.propose(64)) == [10]  # "9 10" is only in the local tree: still drafted
+    assert drafted(drafter.propose("long", 64)) == [10]  # "9 10" is only in the local tree: still drafted
     drafter.stop_request("long")
 
 
@@ -230,7 +231,7 @@ def test_zero_cached_tokens_uses_only_the_local_tree():
     drafter = make_drafter("suffix", SuffixDecodingConfig(max_cached_tokens=0))
     serve(drafter, "r1", [0], [7, 8, 9])
     drafter.start_request("r2", [1, 7])
-    assert drafted(drafter.propose(64)) == [] and drafter.caches.get("default").num_tokens == 0
+    assert drafted(drafter.propose("r2", 64)) == [] and drafter.caches.get("default").num_tokens == 0
     with pytest.raises(ValueError, match="max_cached_tokens"):
         SuffixDecodingConfig(max_cached_tokens=-1)
 
@@ -243,10 +244,10 @@ def test_drop_tenant_forgets_only_that_tenants_responses():
     drafter.drop_tenant("A")
     assert drafter.caches.tenants() == ["B"] and 0 < drafter.memory_bytes() < both
     drafter.start_request("a2", [9, 5, 6], tenant="A")
-    assert drafted(drafter.propose(64)) == []  # A starts empty
+    assert drafted(drafter.propose("a2", 64)) == []  # A starts empty
     drafter.stop_request("a2")
     drafter.start_request("b2", [9, 5, 6], tenant="B")
-    assert drafted(drafter.propose(64)) == [1, 2]  # B kept its responses
+    assert drafted(drafter.propose("b2", 64)) == [1, 2]  # B kept its responses
 
 
 # --- end to end on the real model (loads SmolLM2; slow) -----------------------------------------

@@ -20,10 +20,10 @@ def test_missing_package_is_a_clear_error(monkeypatch):
         make_drafter("suffix-ref")
 
 
-def commit(drafter, tree, token):
+def commit(drafter, request_id, tree, token):
     n = len(tree)
     z = torch.zeros(n, 1, dtype=torch.long)
-    drafter.observe(Verification(tree=tree, prefix_len=0, argmax=z[:, 0], topk_ids=z,
+    drafter.observe(request_id, Verification(tree=tree, prefix_len=0, argmax=z[:, 0], topk_ids=z,
                                  topk_logits=z.float(), path=[], committed=[token],
                                  finished=False))
 
@@ -47,10 +47,10 @@ def test_ours_and_the_reference_draft_the_same_without_ties(use_tree, max_cached
         for d in (ours, ref):
             d.start_request(f"r{r}", prompt, "t")
         for token in base[r * 5 + 10:r * 5 + 40]:
-            a, b = ours.propose(16), ref.propose(16)
+            a, b = ours.propose(f"r{r}", 16), ref.propose(f"r{r}", 16)
             assert (a.tokens, a.parents) == (b.tokens, b.parents)
-            commit(ours, a, token)
-            commit(ref, b, token)
+            commit(ours, f"r{r}", a, token)
+            commit(ref, f"r{r}", b, token)
         for d in (ours, ref):
             d.stop_request(f"r{r}")
 
@@ -58,7 +58,7 @@ def test_ours_and_the_reference_draft_the_same_without_ties(use_tree, max_cached
 def serve(drafter, request_id, prompt, response, tenant="t"):
     drafter.start_request(request_id, prompt, tenant)
     for token in response:
-        commit(drafter, drafter.propose(16), token)
+        commit(drafter, request_id, drafter.propose(request_id, 16), token)
     drafter.stop_request(request_id)
 
 
@@ -69,9 +69,9 @@ def test_token_cap_evicts_the_oldest_responses_first():
     serve(ref, "b", [0], [50, 51, 52])
     state = ref.caches.get("t")
     ref.start_request("c", [0], "t")
-    commit(ref, ref.propose(16), 60)  # 3 + 3 + 1 = 7 tokens: all fit
+    commit(ref, "c", ref.propose("c", 16), 60)  # 3 + 3 + 1 = 7 tokens: all fit
     assert list(state.lengths) == ["a", "b", "c"] and state.num_tokens == 7
-    commit(ref, ref.propose(16), 61)  # the 8th token: the oldest response, a, makes room
+    commit(ref, "c", ref.propose("c", 16), 61)  # the 8th token: the oldest response, a, makes room
     assert list(state.lengths) == ["b", "c"] and set(state.arctic.cached_requests) == {"b", "c"}
     assert state.num_tokens == 5 and ref.memory_bytes() == 5 * 400
     ref.stop_request("c")
@@ -84,10 +84,10 @@ def test_a_response_alone_over_the_cap_leaves_the_global_tree():
     ref.start_request("long", [0, 1, 2, 3], "t")
     state = ref.caches.get("t")
     for token in [5, 6, 7, 8, 9, 10, 11, 9]:
-        commit(ref, ref.propose(16), token)
+        commit(ref, "long", ref.propose("long", 16), token)
         assert state.num_tokens <= 4
     assert not state.arctic.cached_requests and not state.lengths  # evicted, unlike ours
-    assert ref.propose(64).tokens[1:] == [10]  # the local tree still holds the whole request
+    assert ref.propose("long", 64).tokens[1:] == [10]  # the local tree still holds the whole request
     ref.stop_request("long")
 
 

@@ -62,17 +62,19 @@ def serve(drafter, request_id, prompt, output, tenant, seen):
     if drafter.needs_prefill:
         p = len(prompt) - 1
         hidden = torch.randn(p, HIDDEN)
-        drafter.observe_prefill(PrefillObservation(prompt[:-1], base + torch.arange(p * 10).reshape(p, 10) % 6,
-                                                   torch.linspace(5, 0, 10).repeat(p, 1), (hidden,)))
+        drafter.observe_prefill(request_id, PrefillObservation(
+            prompt[:-1], base + torch.arange(p * 10).reshape(p, 10) % 6,
+            torch.linspace(5, 0, 10).repeat(p, 1), (hidden,)))
     for token in output:
-        tree = drafter.propose(budget=32)
+        tree = drafter.propose(request_id, budget=32)
         seen.update(tree.tokens[1:])
         n = len(tree)
         topk = base + torch.arange(n * 10).reshape(n, 10) % 6
         hidden = torch.randn(n, HIDDEN)
-        drafter.observe(Verification(tree=tree, prefix_len=0, argmax=topk[:, 0], topk_ids=topk,
-                                     topk_logits=torch.linspace(5, 0, 10).repeat(n, 1), 
-                                     hidden_states=(hidden,), path=[], committed=[token], finished=False))
+        drafter.observe(request_id, Verification(
+            tree=tree, prefix_len=0, argmax=topk[:, 0], topk_ids=topk,
+            topk_logits=torch.linspace(5, 0, 10).repeat(n, 1),
+            hidden_states=(hidden,), path=[], committed=[token], finished=False))
     drafter.stop_request(request_id)
 
 
@@ -106,15 +108,15 @@ def test_dropping_the_tenant_in_flight_keeps_the_request_going(method):
     if drafter.needs_prefill:
         p = len(prompt) - 1
         hidden = torch.randn(p, HIDDEN)
-        drafter.observe_prefill(PrefillObservation(prompt[:-1], torch.full((p, 10), 1000),
+        drafter.observe_prefill("a1", PrefillObservation(prompt[:-1], torch.full((p, 10), 1000),
                                                    torch.linspace(5, 0, 10).repeat(p, 1), (hidden,)))
     drafter.drop_tenant("A")
-    tree = drafter.propose(budget=32)  # still drafts from what the request holds; no error
+    tree = drafter.propose("a1", budget=32)  # still drafts from what the request holds; no error
     n = len(tree)
     hidden = torch.randn(n, HIDDEN)
-    drafter.observe(Verification(tree=tree, prefix_len=0, argmax=torch.full((n,), 1000),
-                                 topk_ids=torch.full((n, 10), 1000), topk_logits=torch.zeros(n, 10),
-                                 hidden_states=(hidden,), path=[], committed=[1000],
-                                 finished=False))
+    drafter.observe("a1", Verification(tree=tree, prefix_len=0, argmax=torch.full((n,), 1000),
+                                       topk_ids=torch.full((n, 10), 1000),
+                                       topk_logits=torch.zeros(n, 10), hidden_states=(hidden,),
+                                       path=[], committed=[1000], finished=False))
     drafter.stop_request("a1")
     assert drafter.memory_bytes() == 0  # the finished request did not bring the tenant back

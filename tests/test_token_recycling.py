@@ -128,18 +128,18 @@ def test_short_rows_skip_ranks_beyond_their_width():
 def test_drafter_learns_from_observe_and_persists_across_requests_of_a_tenant():
     drafter = make_drafter("tr")
     drafter.start_request("r0", [4, 5, 1], tenant="a")
-    assert drafter.propose(81).tokens == [1]  # prefill not harvested: nothing to draft from
+    assert drafter.propose("r0", 81).tokens == [1]  # prefill not harvested: nothing to draft from
     verified = DraftTree.root(1)
     verified.add(0, 2, "tr")
     topk = [list(range(2, 12)), [7] + list(range(20, 29))]  # [N=2, 10] as the verifier gives
-    drafter.observe(fake_verification(verified, topk, [2, 7]))
-    assert drafter.sequence == [4, 5, 1, 2, 7]
-    assert drafter.table.row(1) == list(range(2, 10))  # cut to k = 8
-    assert drafter.table.row(2) == [7] + list(range(20, 27))
+    drafter.observe("r0", fake_verification(verified, topk, [2, 7]))
+    assert drafter.state("r0").sequence == [4, 5, 1, 2, 7]
+    assert drafter.state("r0").table.row(1) == list(range(2, 10))  # cut to k = 8
+    assert drafter.state("r0").table.row(2) == [7] + list(range(20, 27))
     drafter.stop_request("r0")
 
     drafter.start_request("r1", [9, 1], tenant="a")  # same tenant: the table carried over
-    tree = drafter.propose(81)
+    tree = drafter.propose("r1", 81)
     # Depth 1 from row(1); depth 2 only under 2 (rank 0, 8 template children); nothing deeper.
     assert tree.tokens == [1] + list(range(2, 10)) + [7] + list(range(20, 27))
     assert tree.parents == [-1] + [0] * 8 + [1] * 8
@@ -148,14 +148,14 @@ def test_drafter_learns_from_observe_and_persists_across_requests_of_a_tenant():
 def test_tenants_are_isolated():
     drafter = make_drafter("tr")
     drafter.start_request("a0", [1], tenant="a")
-    drafter.observe(fake_verification(DraftTree.root(1), [[2] * 10], [2]))
+    drafter.observe("a0", fake_verification(DraftTree.root(1), [[2] * 10], [2]))
     drafter.stop_request("a0")
     drafter.start_request("b0", [1], tenant="b")
-    assert drafter.propose(81).tokens == [1]  # tenant a's row for 1 never reaches tenant b
-    drafter.observe(fake_verification(DraftTree.root(1), [[5] * 10], [5]))
+    assert drafter.propose("b0", 81).tokens == [1]  # tenant a's row for 1 never reaches tenant b
+    drafter.observe("b0", fake_verification(DraftTree.root(1), [[5] * 10], [5]))
     drafter.stop_request("b0")
     drafter.start_request("a1", [1], tenant="a")
-    assert drafter.propose(81).tokens[:2] == [1, 2]  # and b's row did not overwrite a's
+    assert drafter.propose("a1", 81).tokens[:2] == [1, 2]  # and b's row did not overwrite a's
     assert set(drafter.tables.tenants()) >= {"a", "b"}
 
 
@@ -163,15 +163,15 @@ def test_drop_tenant_forgets_only_that_tenants_table():
     drafter = make_drafter("tr")
     for tenant, token in (("a", 2), ("b", 5)):
         drafter.start_request(tenant, [1], tenant=tenant)
-        drafter.observe(fake_verification(DraftTree.root(1), [[token] * 10], [token]))
+        drafter.observe(tenant, fake_verification(DraftTree.root(1), [[token] * 10], [token]))
         drafter.stop_request(tenant)
     both = drafter.memory_bytes()
     drafter.drop_tenant("a")
     assert drafter.tables.tenants() == ["b"] and 0 < drafter.memory_bytes() < both
     drafter.start_request("a1", [1], tenant="a")
-    assert drafter.propose(81).tokens == [1]  # a starts empty
+    assert drafter.propose("a1", 81).tokens == [1]  # a starts empty
     drafter.start_request("b1", [1], tenant="b")
-    assert drafter.propose(81).tokens[:2] == [1, 5]  # b kept its table
+    assert drafter.propose("b1", 81).tokens[:2] == [1, 5]  # b kept its table
 
 
 # --- the row cap ------------------------------------------------------------------------------
@@ -195,10 +195,10 @@ def test_the_cap_bounds_a_long_run_and_its_memory():
     for r in range(10):  # 10 requests x 8 forwards x 2 fresh input tokens: 160 rows written
         drafter.start_request(f"r{r}", [1000 * r], tenant="t")
         for i in range(8):
-            anchor = drafter.anchor
+            anchor = drafter.state(f"r{r}").anchor
             tree = DraftTree.root(anchor)
             tree.add(0, anchor + 1, "tr")
-            drafter.observe(fake_verification(tree, [[anchor + 2] * 10, [anchor + 2] * 10],
+            drafter.observe(f"r{r}", fake_verification(tree, [[anchor + 2] * 10, [anchor + 2] * 10],
                                               [anchor + 2]))
         drafter.stop_request(f"r{r}")
     table = drafter.tables.get("t")
@@ -220,3 +220,33 @@ def test_tr_output_equals_greedy_on_api_bank(serve_api_bank):
     # One instance (one table) across requests, as the benchmark serves them.
     _, tau = serve_api_bank(make_drafter("tr"), node_budget=81)
     assert tau > 1.0  # recycled top-k predictions must get accepted
+
+
+# --- requests without top-k (an external engine) ----------------------------------------------
+
+def test_without_topk_the_known_argmax_becomes_a_one_id_row():
+    """vLLM may give no top-k: the argmax is known up to the committed tokens and -1 past them."""
+    drafter = make_drafter("tr")
+    drafter.start_request("r", [4, 1], tenant="a")
+    verified = DraftTree.chain(1, [2, 3], "tr")  # 1 -> 2 -> 3: 2 accepted, 3 rejected
+    drafter.observe("r", Verification(tree=verified, prefix_len=1, argmax=torch.tensor([2, 9, -1]),
+                                      topk_ids=None, topk_logits=None, path=[1], committed=[2, 9],
+                                      finished=False))
+    table = drafter.state("r").table
+    assert table.row(1) == [2] and table.row(2) == [9] and not table.observed(3)
+    assert drafter.state("r").sequence == [4, 1, 2, 9]
+    drafter.start_request("s", [1], tenant="a")
+    tree = drafter.propose("s", 81)
+    assert tree.tokens == [1, 2, 9] and tree.parents == [-1, 0, 1]  # rank-0 children only: a chain
+
+
+def test_concurrent_requests_keep_their_own_sequences():
+    drafter = make_drafter("tr")
+    drafter.start_request("x", [1], tenant="a")
+    drafter.start_request("y", [3], tenant="a")
+    drafter.observe("x", fake_verification(DraftTree.root(1), [[2] * 10], [2]))
+    drafter.observe("y", fake_verification(DraftTree.root(3), [[1] * 10], [1]))
+    assert drafter.state("x").sequence == [1, 2] and drafter.state("y").sequence == [3, 1]
+    assert drafter.propose("y", 81).tokens[:2] == [1, 2]  # one tenant: x's row for 1 serves y
+    assert drafter.stop_request("x").sequence == [1, 2] and drafter.stop_request("x") is None
+    assert list(drafter.requests) == ["y"]

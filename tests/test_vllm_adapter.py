@@ -140,3 +140,14 @@ def test_tokens_past_max_tokens_or_a_stop_token_are_not_kept():
     stop.stop_ids = frozenset({2})
     engine.step([stop], max_drafts=4)
     assert engine.finish("b").output_ids == [7, 8, 2]
+
+
+def test_a_drafter_learns_which_of_its_nodes_the_engine_will_verify():
+    engine = EngineDrafter.build(EngineDrafterConfig(method="goose"))
+    told = []
+    original = engine.drafter.restrict_proposal
+    engine.drafter.restrict_proposal = lambda rid, nodes: (told.append(list(nodes)), original(rid, nodes))
+    (proposal,) = engine.step([step("a", [7])], max_drafts=3)
+    assert len(told) == 1 and len(told[0]) == len(proposal)
+    spine = engine.drafter.requests["a"].spine_nodes
+    assert all(1 <= node <= len(proposal) for node in spine)  # renumbered into the chain

@@ -205,6 +205,22 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from oilbird.replay import ReplayOptions, run_replay
+
+    options = ReplayOptions(url=args.url, dataset=args.dataset, concurrency=args.concurrency,
+                            api_key=args.api_key, limit=args.limit, max_tokens=args.max_tokens,
+                            model=args.model, temperature=args.temperature, seed=args.seed,
+                            stream=args.stream, data_dir=args.data_dir)
+    record = run_replay(options, out_dir=Path(args.out) if args.out else None, progress=not args.no_progress)
+    print(f"replay of {args.dataset} against {record['url']} (model {record['model']}, "
+          f"concurrency {args.concurrency}{', streamed' if args.stream else ''})\n")
+    print(record["table"])
+    if args.out:
+        print(f"\nrecord: {Path(args.out) / 'replay.json'}")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from oilbird.datasets import DATASET_NAMES
     from oilbird.drafters import DRAFTERS
@@ -293,6 +309,25 @@ def _cost_parser(sub) -> None:
     cost.set_defaults(func=cmd_cost)
 
 
+def _replay_parser(sub) -> None:
+    rep = sub.add_parser("replay", help="replay a dataset against an OpenAI-compatible server and measure it")
+    rep.add_argument("--url", required=True, help="the server, e.g. http://localhost:8000 (/v1 is added)")
+    rep.add_argument("--dataset", required=True,
+                     help="api-bank[/<file>], spec-bench[:<category>,...], humaneval, or a .jsonl file")
+    rep.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default: 1)")
+    rep.add_argument("--api-key", default=None, help="the server's API key (default: none)")
+    rep.add_argument("--limit", type=int, default=None, help="only the first N requests (default: all)")
+    rep.add_argument("--max-tokens", type=int, default=64, help="most tokens per answer (default: 64)")
+    rep.add_argument("--model", default=None, help="the served model (default: the first the server lists)")
+    rep.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
+    rep.add_argument("--seed", type=int, default=None, help="sampling seed sent with each request")
+    rep.add_argument("--stream", action="store_true", help="stream the answers and measure time to first token")
+    rep.add_argument("--out", default=None, help="write per-request records and the summary to DIR/replay.json")
+    rep.add_argument("--data-dir", default=None, help="folder holding the shared datasets (default: find it)")
+    rep.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    rep.set_defaults(func=cmd_replay)
+
+
 def _report_parsers(sub) -> None:
     """`report`, `table` and `list`: commands that read saved runs or listings and load no model."""
     rep = sub.add_parser("report", help="re-make a benchmark's tables from its records.jsonl")
@@ -318,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oilbird", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_bench_parser, _diagnose_parser, _generate_parser, _cost_parser, _report_parsers,
-                add_serve_parser):
+                add_serve_parser, _replay_parser):
         add(sub)
     return parser
 

@@ -7,7 +7,8 @@
   `sem_rejected_capacity` records, the oldest overwritten first) and the calibrator (constant
   size). Drafters hold one per tenant in a `TenantMap`.
 - `Watermark`: the bound of the visibility rule (drafters/oilbird.py): record ids below it are
-  searchable. Ids never shift, so eviction cannot expose the newest records.
+  searchable. Each request in flight holds its own (requests of one tenant may interleave their
+  adds). Ids never shift, so eviction cannot expose the newest records.
 """
 
 from __future__ import annotations
@@ -106,7 +107,6 @@ class SemanticMemory:
             dim, device = states.shape[-1], states.device
             self.store = TraceStore(dim, device, cfg.sem_key_dtype, cfg.sem_max_records,
                                     cfg.sem_index, cfg.sem_faiss_min_records)
-            self.store.begin_request()
             self.pool = RejectedPool(cfg.sem_rejected_capacity if cfg.sem_rejected_pool else 0, dim, device)
         return self.store
 
@@ -118,8 +118,9 @@ class SemanticMemory:
 
 @dataclass(frozen=True)
 class Watermark:
-    """The visibility rule's bound (module docstring): a proposal may search the trace records with
-    an id below `trace` and the rejected records with an id below `rejected`."""
+    """The visibility rule's bound (module docstring), one per request in flight: the request's
+    next proposal may search the trace records with an id below `trace` and the rejected records
+    with an id below `rejected`, whichever requests added them."""
 
     trace: int = 0
     rejected: int = 0

@@ -4,9 +4,14 @@ Contract (pure data structures, independent of any drafter):
 - `TraceStore`: one tenant's committed positions. Record r is a committed token x_r keyed by the
   hidden state of the position *before* it (the state whose argmax predicted x_r), L2-normalized
   and held as float16 (or int8 with a per-record scale). Its value is what followed x_r in the
-  same request: x_{r+1}, x_{r+2}, ... Records are appended in commit order, one request segment
-  after another. Cap: `max_records`; an `add` that passes it evicts the oldest requests first
-  (whole requests where a request boundary allows), down to 90% of the cap. Exact cosine search
+  same request: x_{r+1}, x_{r+2}, ... within x_r's *segment*: a run of consecutive records of one
+  owner (a request id). Records are appended in commit order; an `add` by another owner than the
+  newest segment's opens a new segment, and `begin_request(owner)` opens one even for the same
+  owner (a new request that reuses an id). Served one at a time, a request is one segment; when
+  requests of a tenant run concurrently their adds interleave, and each request's records form
+  several segments, so a value never crosses into another request: it is merely cut short where
+  another request's records intervene. Cap: `max_records`; an `add` that passes it evicts the
+  oldest segments first (whole ones where a boundary allows), down to 90% of the cap. Exact cosine search
   is one matmul on the keys' device; past a size threshold a FAISS HNSW index answers instead
   (CPU only).
 - `RejectedPool`: one tenant's ring buffer of what verification rejected. Record: key = the state
@@ -26,6 +31,7 @@ Contract (pure data structures, independent of any drafter):
 from __future__ import annotations
 
 import bisect
+from typing import Hashable
 
 import torch
 
@@ -141,13 +147,13 @@ class _HNSW:
 
 
 class TraceStore:
-    """One tenant's committed positions: tokens, keys and request segments (see the module docstring).
+    """One tenant's committed positions: tokens, keys and owner segments (see the module docstring).
 
     Args:
         dim: hidden size of the keys.
         device: where the keys live (the model's device).
         dtype: "float16" or "int8".
-        max_records: cap; past it the oldest requests are evicted first, down to 90% of it.
+        max_records: cap; past it the oldest segments are evicted first, down to 90% of it.
         index: "exact", "faiss" or "auto" (FAISS once `faiss_min_records` records, on a CPU).
         faiss_min_records: the exact/FAISS crossover for "auto".
 
@@ -162,7 +168,8 @@ class TraceStore:
             raise ConfigError(f"index must be 'exact', 'faiss' or 'auto', got {index!r}")
         self.keys = KeyMatrix(dim, device, dtype)
         self.tokens: list[int] = []
-        self.starts: list[int] = []  # index of the first record of each request segment
+        self.starts: list[int] = []  # index of the first record of each segment, ascending, distinct
+        self.owners: list[Hashable] = []  # the owner of each segment (a request id; None: anonymous)
         self.max_records = max_records
         self.index_mode, self.faiss_min_records = index, faiss_min_records
         self.ann: _HNSW | None = None
@@ -192,17 +199,27 @@ class TraceStore:
 
     # --- writing --------------------------------------------------------------------------------
 
-    def begin_request(self) -> None:
-        """Open a new segment: chains never run from one request into the next."""
-        if not self.starts or self.starts[-1] != len(self.tokens):
-            self.starts.append(len(self.tokens))
+    def begin_request(self, owner: Hashable = None) -> None:
+        """Open a new segment for `owner`: chains never run from one segment into the next.
 
-    def add(self, tokens: list[int], hidden: torch.Tensor) -> None:
+        Needed only where one owner's records must not continue its previous ones (a request
+        that reuses the id of one served before); `add` opens segments when owners alternate.
+        An empty newest segment is not duplicated: it passes to `owner`.
+        """
+        if self.starts and self.starts[-1] == len(self.tokens):
+            self.owners[-1] = owner
+        else:
+            self.starts.append(len(self.tokens))
+            self.owners.append(owner)
+
+    def add(self, tokens: list[int], hidden: torch.Tensor, owner: Hashable = None) -> None:
         """Append records for `tokens`, keyed by the states that predicted them.
 
         Args:
-            tokens: committed tokens, in commit order.
+            tokens: committed tokens of `owner`, in commit order.
             hidden: [m, d] raw states, row j predicted tokens[j].
+            owner: whose records these are (a request id); unless it owns the newest segment,
+                the records open a new one, so no value runs from another owner's records into them.
 
         Raises:
             ValueError: if the counts differ.
@@ -211,37 +228,37 @@ class TraceStore:
             return
         if hidden.shape[0] != len(tokens):
             raise ValueError(f"{len(tokens)} tokens but {hidden.shape[0]} keys")
-        if not self.starts:
-            self.begin_request()
+        if not self.starts or self.owners[-1] != owner:
+            self.begin_request(owner)
         self.keys.append(normalize(hidden))
         self.tokens.extend(int(t) for t in tokens)
         if len(self.tokens) > self.max_records:
             self._evict()
 
     def _evict(self) -> None:
-        """Drop the oldest records down to 90% of the cap, on a request boundary where one allows."""
+        """Drop the oldest records down to 90% of the cap, on a segment boundary where one allows."""
         cut = len(self.tokens) - int(0.9 * self.max_records)
         i = bisect.bisect_left(self.starts, cut)
         if i < len(self.starts) and self.starts[i] < len(self.tokens):
             cut = self.starts[i]
+        head = bisect.bisect_right(self.starts, cut) - 1  # the segment that holds the new first record
         self.keys.drop_front(cut)
         del self.tokens[:cut]
-        self.starts = [s - cut for s in self.starts if s >= cut]
-        if not self.starts or self.starts[0] != 0:
-            self.starts.insert(0, 0)  # the head of a request cut mid-way
+        self.starts = [0] + [s - cut for s in self.starts[head + 1:]]  # the head may be cut mid-way
+        self.owners = self.owners[head:]
         self.evicted_records += cut
         self.ann = None  # HNSW cannot delete; rebuilt on the next search that wants it
 
     # --- reading --------------------------------------------------------------------------------
 
     def segment_end(self, record: int) -> int:
-        """One past the index of the last record of `record`'s request segment."""
+        """One past the index of the last record of `record`'s segment."""
         i = bisect.bisect_right(self.starts, record)
         return self.starts[i] if i < len(self.starts) else len(self.tokens)
 
     def value(self, record: int, length: int, visible_end: int) -> list[int]:
-        """Up to `length` tokens that followed the record at index `record`, within its request
-        and before index `visible_end`."""
+        """Up to `length` tokens that followed the record at index `record`, within its segment
+        (never another owner's records) and before index `visible_end`."""
         end = min(self.segment_end(record), visible_end, record + 1 + length)
         return self.tokens[record + 1:end]
 

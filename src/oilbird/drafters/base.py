@@ -125,6 +125,11 @@ class Drafter:
         """A draft tree rooted at the request's anchor with at most `budget` nodes, root included."""
         raise NotImplementedError
 
+    def restrict_proposal(self, request_id: str, nodes: list[int]) -> None:
+        """The engine will verify only `nodes` (root excluded) of the last proposed tree, as the chain
+        root -> nodes[0] -> ...; the next `observe` numbers them 1, 2, ... Drafters that remember
+        node indices of their proposal renumber them here (engines that verify chains only, vLLM)."""
+
     def observe(self, request_id: str, verification: Verification) -> RequestState:
         """Record what the request's last forward committed and computed; returns its state."""
         state = self.state(request_id)
@@ -153,6 +158,24 @@ class Drafter:
         held = [m.peek(tenant) for m in self._tenant_maps()]
         total = sum(entry.memory_bytes() for entry in held if entry is not None)
         return total + sum(d.tenant_bytes(tenant) for d in vars(self).values() if isinstance(d, Drafter))
+
+    def snapshot_tenants(self) -> list[str]:
+        """Tenants with state that text alone cannot rebuild (see `tenant_snapshot`); none by default."""
+        return []
+
+    def tenant_snapshot(self, tenant: str) -> dict:
+        """The tensors of `tenant`'s state that a replay of its text cannot rebuild (the semantic
+        source's keys), for `oilbird.pool_state`; {} for drafters whose pools are text only."""
+        return {}
+
+    def restore_tenant_snapshot(self, tenant: str, tensors: dict) -> None:
+        """Load what `tenant_snapshot` returned (after the tenant's text was replayed).
+
+        Raises:
+            ValueError: the tensors are not a snapshot this drafter wrote.
+        """
+        if tensors:
+            raise ValueError(f"{self.name} keeps no snapshot state; got {sorted(tensors)[:3]}")
 
     def drop_tenant(self, tenant: str) -> None:
         """Forget everything kept for `tenant` across requests (its pools, tables and stores).

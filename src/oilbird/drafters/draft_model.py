@@ -10,20 +10,21 @@ drafts are the ones the drafter would have produced token by token.
 Lifecycle: the harness calls `attach(target)` once: it loads the drafter (a preset, file,
 directory or hub id) and refuses one whose vocabulary differs from the target's, or builds
 `self:N`, the target's own first N layers under its final norm and LM head (shared weights, no
-extra memory: a legitimate same-tokenizer drafter for fast tests). Per request the drafter keeps
-its own KV cache of what it has read; each `propose` first re-reads whatever was committed since
-(cropping the cache back to the longest prefix it agrees with), then drafts.
+extra memory: a legitimate same-tokenizer drafter for fast tests). One model serves every
+request; each request keeps, in its state, the drafter's KV cache of what it has read, and each
+`propose` first re-reads whatever was committed since (cropping the cache back to the longest
+prefix it agrees with), then drafts.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
-from oilbird.drafters.base import Drafter
+from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.pld import pld_lookup
 from oilbird.drafters.registry import register
 from oilbird.errors import ConfigError, ModelError
@@ -99,22 +100,40 @@ def check_same_vocabulary(target_tokenizer, drafter_tokenizer, target_name: str,
             "target's tokenizer (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b), or 'self:N'")
 
 
+def _new_stats() -> dict:
+    return dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0)
+
+
+@dataclass
+class DraftModelState(RequestState):
+    """A request of the 'draft' method: the drafter model's KV cache of what it has read."""
+
+    cache: DynamicCache | None = None
+    """The drafter's KV cache of `cached`."""
+    cached: list[int] = field(default_factory=list)
+    """The tokens whose KV is in `cache`, in order."""
+    agreed: int = 0
+    """A prefix of `cached` known to equal the committed sequence."""
+    stats: dict = field(default_factory=_new_stats)
+    """The request's measurements (`request_stats`)."""
+
+
 @register
 class DraftModelDrafter(Drafter):
-    """A chain of K tokens from a drafter LLM, optionally accelerated by prompt lookup (MLA)."""
+    """A chain of K tokens from a drafter LLM, optionally accelerated by prompt lookup (MLA).
+
+    The model is shared by every request; each request keeps its own KV cache in its state.
+    """
 
     name = "draft"
     Config = DraftModelConfig
+    State = DraftModelState
     needs_target = True
 
     def __init__(self, config=None) -> None:
         super().__init__(config)
         self.model = None  # the drafter causal LM, set by attach()
         self._target = None
-        self.cache: DynamicCache | None = None
-        self.cached: list[int] = []  # the tokens whose KV is in self.cache, in order
-        self._agreed = 0  # a prefix of self.cached known to equal the committed sequence
-        self.stats = dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0)
 
     def attach(self, target, models: dict | None = None) -> None:
         if self._target is target:
@@ -133,80 +152,79 @@ class DraftModelDrafter(Drafter):
             self.model = loaded.model
         self._target = target
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
-        super().start_request(request_id, prompt_ids, tenant)
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> DraftModelState:
+        """Begin a request with an empty KV cache (raises ConfigError before `attach`)."""
         if self.model is None:
             raise ConfigError("the 'draft' method needs its target model: call drafter.attach(loaded) "
                               "before decoding (oilbird bench, generate and serve do)")
-        self.cache = DynamicCache(config=self.model.config)
-        self.cached, self._agreed = [], 0
-        self.stats = dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0)
+        state = super().start_request(request_id, prompt_ids, tenant)
+        state.cache = DynamicCache(config=self.model.config)
+        return state
 
-    def stop_request(self, request_id: str) -> None:
-        super().stop_request(request_id)
-        self.cache, self.cached, self._agreed = None, [], 0
-
-    def request_stats(self) -> dict:
-        return dict(self.stats)
+    def request_stats(self, request_id: str) -> dict:
+        return dict(self.state(request_id).stats)
 
     @torch.inference_mode()
-    def _read(self, tokens: list[int]) -> list[int]:
-        """Run the drafter over `tokens` after its cache; its argmax after each of them."""
+    def _read(self, state: DraftModelState, tokens: list[int]) -> list[int]:
+        """Run the drafter over `tokens` after the request's cache; its argmax after each of them."""
         device = next(self.model.parameters()).device
-        out = self.model(input_ids=torch.tensor([tokens], device=device), past_key_values=self.cache,
+        out = self.model(input_ids=torch.tensor([tokens], device=device), past_key_values=state.cache,
                          use_cache=True)
-        self.cached += tokens
-        self.stats["drafter_forwards"] += 1
+        state.cached += tokens
+        state.stats["drafter_forwards"] += 1
         return out.logits[0].argmax(dim=-1).tolist()  # [len(tokens)]
 
-    def _crop(self, length: int) -> None:
-        if length < len(self.cached):
-            self.cache.crop(length - len(self.cached))  # transformers 5: a negative count to drop
-            self.cached = self.cached[:length]
-            self._agreed = min(self._agreed, length)
+    @staticmethod
+    def _crop(state: DraftModelState, length: int) -> None:
+        if length < len(state.cached):
+            state.cache.crop(length - len(state.cached))  # transformers 5: a negative count to drop
+            state.cached = state.cached[:length]
+            state.agreed = min(state.agreed, length)
 
-    def _sync(self) -> list[int]:
+    def _sync(self, state: DraftModelState) -> list[int]:
         """Crop the cache to its agreement with the committed sequence; what is left to read.
 
         The committed sequence only grows, so the prefix that agreed at the last sync still
         agrees: the comparison starts there instead of at token 0.
         """
-        context = self.sequence
-        limit = min(len(self.cached), len(context) - 1)  # keep >= 1 token to read: its logits draft
-        agree = min(self._agreed, limit)
-        while agree < limit and self.cached[agree] == context[agree]:
+        context = state.sequence
+        limit = min(len(state.cached), len(context) - 1)  # keep >= 1 token to read: its logits draft
+        agree = min(state.agreed, limit)
+        while agree < limit and state.cached[agree] == context[agree]:
             agree += 1
-        self._crop(agree)
-        self._agreed = len(context)  # the pending tokens are read next: all of it will agree
+        self._crop(state, agree)
+        state.agreed = len(context)  # the pending tokens are read next: all of it will agree
         return context[agree:]
 
-    def propose(self, budget: int) -> DraftTree:
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        state = self.state(request_id)
         k = min(self.config.k, budget - 1)
         if k < 1:
-            return DraftTree.root(self.anchor)
-        pending = self._sync()
-        drafts = self._draft_mla(pending, k) if self.config.mla else self._draft_plain(pending, k)
-        return DraftTree.chain(self.anchor, drafts[:k], SOURCE)
+            return DraftTree.root(state.anchor)
+        pending = self._sync(state)
+        drafts = self._draft_mla(state, pending, k) if self.config.mla else self._draft_plain(state, pending, k)
+        return DraftTree.chain(state.anchor, drafts[:k], SOURCE)
 
-    def _draft_plain(self, pending: list[int], k: int) -> list[int]:
-        drafts = [self._read(pending)[-1]]
+    def _draft_plain(self, state: DraftModelState, pending: list[int], k: int) -> list[int]:
+        drafts = [self._read(state, pending)[-1]]
         while len(drafts) < k:
-            drafts.append(self._read([drafts[-1]])[-1])
+            drafts.append(self._read(state, [drafts[-1]])[-1])
         return drafts
 
-    def _draft_mla(self, pending: list[int], k: int) -> list[int]:
+    def _draft_mla(self, state: DraftModelState, pending: list[int], k: int) -> list[int]:
+        cfg = self.config
         drafts: list[int] = []
         previous: list[int] = []  # no match: reuse the last proposal (the reference code's rule)
         while len(drafts) < k:
-            proposal = pld_lookup(self.sequence + drafts, self.config.mla_ngram, 1, self.config.mla_tokens) or previous
+            proposal = pld_lookup(state.sequence + drafts, cfg.mla_ngram, 1, cfg.mla_tokens) or previous
             previous = proposal
-            preds = self._read(pending + proposal)[len(pending) - 1:]  # preds[i] predicts proposal[i]
+            preds = self._read(state, pending + proposal)[len(pending) - 1:]  # preds[i] predicts proposal[i]
             m = 0
             while m < len(proposal) and proposal[m] == preds[m]:
                 m += 1
-            self._crop(len(self.cached) - (len(proposal) - m))  # forget the rejected proposal tokens
-            self.stats["mla_proposed"] += len(proposal)
-            self.stats["mla_accepted"] += m
+            self._crop(state, len(state.cached) - (len(proposal) - m))  # forget the rejected proposal tokens
+            state.stats["mla_proposed"] += len(proposal)
+            state.stats["mla_accepted"] += m
             drafts += proposal[:m] + [preds[m]]
             pending = [preds[m]]
         return drafts

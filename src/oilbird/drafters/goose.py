@@ -15,23 +15,27 @@
 Every node is tagged with the sources that proposed it: "pld" for the spine (it is prompt lookup)
 and "tr" for table successors.
 
-Cross-request state: one `SuccessorTable` per tenant (a `TenantMap`), kept across requests and
-forgotten by `drop_tenant`. Each tier holds at most `max_rows` rows; a write to a full tier evicts
-the tier's least recently *written* row first (a row moves to the newest end whenever it is
-overwritten; reading a row does not refresh it). So a tenant's table holds at most
-2 x `max_rows` rows, about `SuccessorTable.memory_bytes()` bytes.
+Cross-request state: one `SuccessorTable` per tenant (a `TenantMap`; oilbird/drafters/goose_table.py),
+kept across requests and forgotten by `drop_tenant`; each tier holds at most `max_rows` rows and
+evicts its least recently written row first, so a tenant's table holds at most 2 x `max_rows`
+rows. Per-request state (the context matcher, the spine-acceptance EMA, the last spine) lives in
+a `GooseState`, so one instance serves concurrent requests.
+
+Without the target's top-K (an external engine may give only the argmax), a forward harvests its
+nodes' known argmax as top-1 rows (see `verified_topk`), and a prefill without top-K harvests
+nothing.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
-import torch
-
-from oilbird.drafters.base import Drafter
+from oilbird.drafters.base import Drafter, RequestState
+from oilbird.drafters.goose_table import SuccessorTable
 from oilbird.drafters.registry import register
+from oilbird.drafters.token_recycling import verified_topk
 from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
 from oilbird.verifier import PrefillObservation, Verification
@@ -167,104 +171,6 @@ def propose_spine(matcher: ContextMatcher, text: list[int], cfg: GooseConfig) ->
     return chain, c
 
 
-# --- branches: the two-tier successor table -------------------------------------------------
-
-Row = tuple[list[int], list[float]]
-"""A successor row: the target's top-k ids, best first, and their softmax scores."""
-
-
-class SuccessorTable:
-    """Successors harvested from the target's top-K: unigram cur -> row, bigram (prev, cur) -> row.
-
-    Each tier is capped at `max_rows` rows and evicts its least recently written row first (see
-    the module docstring).
-
-    Args:
-        max_rows: the most rows per tier.
-        top_k: the row width the harvests use; only sizes the `memory_bytes` estimate.
-
-    Raises:
-        ValueError: if `max_rows` is below 1.
-    """
-
-    def __init__(self, max_rows: int = 1_000_000, top_k: int = 10) -> None:
-        if max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-        self.max_rows = max_rows
-        self.top_k = top_k
-        # OrderedDict, not dict: evicting the oldest row of a plain dict rescans the deleted
-        # slots at its front, which turns a full table's every write into O(rows).
-        self.unigram: OrderedDict[int, Row] = OrderedDict()
-        self.bigram: OrderedDict[tuple[int, int], Row] = OrderedDict()
-        self.evicted_rows = 0
-        """Rows evicted by the cap so far (both tiers)."""
-
-    def harvest(self, tokens: list[int], prevs: list[int | None], topk_ids: torch.Tensor,
-                topk_logits: torch.Tensor, k: int) -> None:
-        """Record each position's top-k (last occurrence wins; the cap evicts the oldest rows).
-
-        Args:
-            tokens: token at each position.
-            prevs: the token before each position (None: no bigram key).
-            topk_ids, topk_logits: [n, >=k] the target's top-k at each position.
-            k: the row width to keep.
-        """
-        ids = topk_ids[:, :k].tolist()
-        scores = torch.softmax(topk_logits[:, :k].float(), dim=-1).tolist()  # within top-k
-        for token, prev, row_ids, row_scores in zip(tokens, prevs, ids, scores):
-            entry = (row_ids, row_scores)  # one pair shared by both tiers until overwritten
-            self._write(self.unigram, token, entry)
-            if prev is not None:
-                self._write(self.bigram, (prev, token), entry)
-
-    def _write(self, tier: OrderedDict, key, entry: Row) -> None:
-        tier[key] = entry
-        tier.move_to_end(key)  # an overwrite makes the row the most recently written
-        if len(tier) > self.max_rows:
-            tier.popitem(last=False)
-            self.evicted_rows += 1
-
-    def successors(self, prev: int | None, token: int, use_bigram: bool) -> list[tuple[int, float]]:
-        """The (id, score) successors of `token`: the bigram row first, else the unigram row.
-
-        Args:
-            prev: the token before `token` (None: unigram only).
-            token: the token whose successors are wanted.
-            use_bigram: whether to consult the bigram tier.
-
-        Returns:
-            (successor id, score) pairs, best first; empty when neither tier has a row.
-        """
-        entry = self.bigram.get((prev, token)) if use_bigram and prev is not None else None
-        if entry is None:
-            entry = self.unigram.get(token)
-        return list(zip(*entry)) if entry else []
-
-    def __len__(self) -> int:
-        """Rows in both tiers."""
-        return len(self.unigram) + len(self.bigram)
-
-    def memory_bytes(self) -> int:
-        """Approximate bytes held: both tiers' rows at a per-row estimate (`_row_bytes`).
-
-        Returns:
-            The estimate; at most 2 x max_rows x `_row_bytes(top_k)`.
-        """
-        return len(self) * _row_bytes(self.top_k)
-
-
-def _row_bytes(k: int) -> int:
-    """Estimated bytes per successor-table row of width k (CPython, 64-bit).
-
-    A row costs its OrderedDict slot and link node (~100), its key (an int, or a 2-tuple of
-    ints, ~70), the 2-tuple pairing its lists (~56) and the lists: ids (56 + 8k, 32 per int
-    object) and scores (56 + 8k, 24 per float). A harvest shares one pair between the two tiers,
-    so counting it in full per row errs high. Measured with tracemalloc at k = 10: 1,010 bytes
-    per row with no pair shared, 623 with every pair shared; this gives 1,058.
-    """
-    return 170 + 56 + 2 * 56 + (8 + 32 + 8 + 24) * k
-
-
 # --- the tree ------------------------------------------------------------------------------
 
 def build_goose_tree(anchor: int, prev_anchor: int | None, chain: list[int], c: float, ema: float,
@@ -329,12 +235,30 @@ def build_goose_tree(anchor: int, prev_anchor: int | None, chain: list[int], c: 
     return tree, spine
 
 
+@dataclass
+class GooseState(RequestState):
+    """A GOOSE request: its tenant's table, its own text index, and its spine feedback."""
+
+    table: SuccessorTable | None = None
+    """The tenant's successor table, kept for the whole request: a drop of the tenant orphans it."""
+    matcher: ContextMatcher | None = None
+    """The context matcher over the request's committed sequence."""
+    ema: float = 0.5
+    """Spine-acceptance EMA (starts at `ema_init`)."""
+    spine_nodes: list[int] = field(default_factory=list)
+    """The spine's node indices in the last proposed tree (empty: no spine, or none proposed yet)."""
+
+
 @register
 class Goose(Drafter):
-    """GOOSE: context-matched spine plus successor-table branches in one tree."""
+    """GOOSE: context-matched spine plus successor-table branches in one tree.
+
+    One instance serves many requests (keyed by id); each request's tenant selects its table.
+    """
 
     name = "goose"
     Config = GooseConfig
+    State = GooseState
     needs_prefill = True  # the successor table harvests every prompt position too (configurable)
 
     def __init__(self, config: GooseConfig | None = None) -> None:
@@ -344,39 +268,61 @@ class Goose(Drafter):
         # One table per tenant: no cross-tenant drafts.
         self.tables: TenantMap[SuccessorTable] = TenantMap(
             lambda: SuccessorTable(cfg.max_rows, cfg.top_k))
-        self.spine_nodes: list[int] = []
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
-        super().start_request(request_id, prompt_ids, tenant)
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> GooseState:
+        state = super().start_request(request_id, prompt_ids, tenant)
         # The request keeps its table: a drop_tenant while it runs orphans it rather than
         # breaking the request, and nothing re-creates the tenant until its next request.
-        self.table = self.tables.get(tenant)
-        self.matcher = ContextMatcher(self.config.ngrams(), self.config.consensus_min)
-        self.matcher.extend(prompt_ids)
-        self.ema = self.config.ema_init
-        self.spine_nodes = []
+        state.table = self.tables.get(tenant)
+        state.matcher = ContextMatcher(self.config.ngrams(), self.config.consensus_min)
+        state.matcher.extend(prompt_ids)
+        state.ema = self.config.ema_init
+        return state
 
-    def observe_prefill(self, observation: PrefillObservation) -> None:
+    def observe_prefill(self, request_id: str, observation: PrefillObservation) -> None:
+        """Harvest the prompt positions' top-K into the request's table.
+
+        Rows align with the *last* prefilled tokens when the observation holds fewer rows than
+        tokens (a partial prefill); without top-K (None) nothing is harvested.
+        """
+        state = self.state(request_id)
+        ids, logits = observation.topk_ids, observation.topk_logits
+        if ids is None or logits is None:
+            return
         tokens = observation.tokens
         prevs = [None] + tokens[:-1]
-        self.table.harvest(tokens, prevs, observation.topk_ids, observation.topk_logits,
-                           self.config.top_k)
+        rows = min(len(tokens), len(ids))  # a full prefill has a row per token
+        first = len(tokens) - rows
+        state.table.harvest(tokens[first:], prevs[first:], ids[len(ids) - rows:],
+                            logits[len(ids) - rows:], self.config.top_k)
 
-    def propose(self, budget: int) -> DraftTree:
-        chain, c = propose_spine(self.matcher, self.sequence, self.config)
-        prev = self.sequence[-2] if len(self.sequence) > 1 else None
-        tree, self.spine_nodes = build_goose_tree(self.anchor, prev, chain, c, self.ema,
-                                                  self.table, self.config, budget)
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        state = self.state(request_id)
+        chain, c = propose_spine(state.matcher, state.sequence, self.config)
+        prev = state.sequence[-2] if len(state.sequence) > 1 else None
+        tree, state.spine_nodes = build_goose_tree(state.anchor, prev, chain, c, state.ema,
+                                                   state.table, self.config, budget)
         return tree
 
-    def observe(self, verification: Verification) -> None:
+    def restrict_proposal(self, request_id: str, nodes: list[int]) -> None:
+        """Renumber the spine's nodes into the chain the engine verifies (the EMA counts them)."""
+        state = self.state(request_id)
+        spine = set(state.spine_nodes)
+        state.spine_nodes = [i + 1 for i, node in enumerate(nodes) if node in spine]
+
+    def observe(self, request_id: str, verification: Verification) -> GooseState:
+        """Harvest every verified node's top-K (or known argmax), update the spine EMA, and
+        extend the request's sequence and matcher with the committed tokens."""
+        state = self.state(request_id)
         tree = verification.tree
-        prevs = [None] + [tree.tokens[p] for p in tree.parents[1:]]  # the root's key uses none
-        self.table.harvest(tree.tokens, prevs, verification.topk_ids, verification.topk_logits,
-                           self.config.top_k)
-        if self.spine_nodes:
-            accepted = len(set(verification.path) & set(self.spine_nodes))
-            rate = accepted / len(self.spine_nodes)
-            self.ema = self.config.ema_alpha * rate + (1 - self.config.ema_alpha) * self.ema
-        super().observe(verification)
-        self.matcher.extend(verification.committed)
+        nodes, ids, logits = verified_topk(verification)
+        parents = tree.parents
+        prevs = [tree.tokens[parents[n]] if n > 0 else None for n in nodes]  # the root's key uses none
+        state.table.harvest([tree.tokens[n] for n in nodes], prevs, ids, logits, self.config.top_k)
+        if state.spine_nodes:
+            accepted = len(set(verification.path) & set(state.spine_nodes))
+            rate = accepted / len(state.spine_nodes)
+            state.ema = self.config.ema_alpha * rate + (1 - self.config.ema_alpha) * state.ema
+        super().observe(request_id, verification)
+        state.matcher.extend(verification.committed)
+        return state

@@ -20,17 +20,26 @@ Visibility, one rule for both sources (strictly online):
   the anchor's own record, which is that proposal's query: it waits like a forward's record, as if
   the prefill were the forward of cycle -1.
 - Every record of an earlier request is searchable from the next request's first proposal.
-- A chain never reads past what is committed.
-The rule is held as a `Watermark`: each source's `next_id` taken just before a harvest adds its
-records. Record ids never shift, so the trace store's eviction cannot expose the newest records
-(a bound counted in records would: eviction renumbers them).
+- A chain never reads past what is committed, nor from one request into another.
+The rule is held per request, as a `Watermark` in its state: each source's `next_id` taken just
+before the request's harvest adds its records. Record ids never shift, so the trace store's
+eviction cannot expose the newest records (a bound counted in records would: eviction renumbers
+them). When requests of one tenant run concurrently, a request's own newest records still skip
+its next proposal, while records another request added before that harvest are searchable from
+that very proposal, and those added after it from its following one. The trace store's segments
+follow the request id (oilbird/semantic_store.py), so a value is cut where another request's
+records intervene instead of splicing them in.
 
 Cross-request state: one `SemanticMemory` per tenant in a `TenantMap`: the trace store (cap
 `sem_max_records`, oldest requests evicted first), the rejected pool (a ring of
 `sem_rejected_capacity` records, the oldest overwritten first) and the calibrator (constant
 size); the host keeps its own per-tenant state. `drop_tenant` forgets both; a request of the
 dropped tenant in flight keeps drafting from the memory it holds, and nothing re-creates the
-tenant before its next request.
+tenant before its next request. Per request (`SemanticState`): the memory, watermark, query and
+measurements; the host keeps its own state under the same request id.
+
+External engines (vLLM) may give a partial prefill: only the state that predicted the anchor.
+It becomes the first query, and the prompt is not indexed (`observe_prefill`).
 
 Ablations are config fields (`sem_*`): entry budget 0 (the controlled pair), `sem_layer=0` (the
 static input-embedding key), `sem_granularity=request` (one query per request), and
@@ -41,12 +50,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import torch
 
-from oilbird.drafters.base import Drafter
+from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.goose import Goose, GooseConfig
 from oilbird.drafters.pld import PLDConfig, PromptLookup
 from oilbird.drafters.registry import register
@@ -54,17 +63,46 @@ from oilbird.drafters.token_recycling import TokenRecycling, TokenRecyclingConfi
 from oilbird.errors import ConfigError
 from oilbird.semantic_memory import SemanticConfig, SemanticMemory, Watermark
 from oilbird.semantic_merge import chain_depth, endorsed_continuation, merge_chains, merge_cost, rank_depth
+from oilbird.semantic_snapshot import memory_tensors, restore_memory
 from oilbird.semantic_store import normalize
 from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
 from oilbird.verifier import PrefillObservation, Verification
 
 
+def _new_stats() -> dict:
+    return dict(cycles=0, fired=0, retrieve_s=0.0, merge_s=0.0, harvest_s=0.0, sem_paid=0, sem_paid_accepted=0)
+
+
+@dataclass
+class SemanticState(RequestState):
+    """A request of a semantic drafter (the host keeps its own state of the same request id)."""
+
+    memory: SemanticMemory | None = None
+    """The tenant's memory, kept for the whole request: a drop of the tenant orphans it."""
+    watermark: Watermark = field(default_factory=Watermark)
+    """This request's visibility bound for its next proposal."""
+    query: torch.Tensor | None = None
+    """The unit state that predicted the anchor, [d]; None until a state did."""
+    request_neighbors: list[tuple[float, int]] | None = None
+    """granularity=request: the one query's neighbors, (similarity, record id)."""
+    request_start: int = 0
+    """Sequence length when the request's one query was made (granularity=request)."""
+    paid: list[int] = field(default_factory=list)
+    """The nodes the semantic source paid for in the last proposal."""
+    stats: dict = field(default_factory=_new_stats)
+    """The request's measurements (`request_stats`)."""
+
+
 class SemanticDrafter(Drafter):
     """A host drafter plus the semantic source. Subclasses set `host_class` and a Config that
-    inherits both the host's config and SemanticConfig."""
+    inherits both the host's config and SemanticConfig.
+
+    The host serves the same request ids: every lifecycle call is forwarded to it.
+    """
 
     host_class: ClassVar[type[Drafter]]
+    State = SemanticState
 
     def __init__(self, config=None) -> None:
         super().__init__(config)
@@ -74,28 +112,25 @@ class SemanticDrafter(Drafter):
         self.needs_prefill = True  # the first query (and the prompt's records) come from the prefill
         self.prefill_topk = self.host.needs_prefill and self.host.prefill_topk
         self.memories: TenantMap[SemanticMemory] = TenantMap(lambda: SemanticMemory(self.config))
-        self.memory: SemanticMemory | None = None  # the request's; it outlives a drop of its tenant
-        self.watermark = Watermark()
 
     # --- request lifecycle --------------------------------------------------------------------
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
-        super().start_request(request_id, prompt_ids, tenant)
-        self.host.start_request(request_id, prompt_ids, tenant)
-        self.memory = self.memories.get(tenant)
-        if self.memory.store is not None:
-            self.memory.store.begin_request()
-        self.watermark = Watermark.all_of(self.memory)  # no earlier request holds this one's query
-        self.query: torch.Tensor | None = None  # unit state that predicted the anchor, [d]
-        self.request_neighbors: list[tuple[float, int]] | None = None  # granularity=request: (sim, record id)
-        self.request_start = 0  # sequence length when the request's query was made
-        self.paid: list[int] = []
-        self.stats = dict(cycles=0, fired=0, retrieve_s=0.0, merge_s=0.0, harvest_s=0.0,
-                          sem_paid=0, sem_paid_accepted=0)
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> SemanticState:
+        state = super().start_request(request_id, prompt_ids, tenant)
+        try:
+            self.host.start_request(request_id, prompt_ids, tenant)
+        except BaseException:
+            self.requests.pop(request_id, None)
+            raise
+        state.memory = self.memories.get(tenant)
+        if state.memory.store is not None:
+            state.memory.store.begin_request(request_id)  # even if an earlier request had this id
+        state.watermark = Watermark.all_of(state.memory)  # no earlier request holds this one's query
+        return state
 
-    def stop_request(self, request_id: str) -> None:
+    def stop_request(self, request_id: str) -> SemanticState | None:
         self.host.stop_request(request_id)
-        super().stop_request(request_id)
+        return super().stop_request(request_id)
 
     def drop_tenant(self, tenant: str) -> None:
         """Forget `tenant`'s semantic memory and the host's state of it (see Drafter.drop_tenant)."""
@@ -105,6 +140,27 @@ class SemanticDrafter(Drafter):
     def memory_bytes(self) -> int:
         """The tenants' semantic memories plus what the host keeps across requests."""
         return super().memory_bytes() + self.host.memory_bytes()
+
+    def restrict_proposal(self, request_id: str, nodes: list[int]) -> None:
+        """Renumber the semantic source's paid nodes into the chain the engine verifies (the
+        calibrator compares them with the accepted path)."""
+        self.host.restrict_proposal(request_id, nodes)
+        state = self.state(request_id)
+        paid = set(state.paid)
+        state.paid = [i + 1 for i, node in enumerate(nodes) if node in paid]
+
+    def snapshot_tenants(self) -> list[str]:
+        """Tenants whose trace store holds records (the host's pools are rebuilt from text)."""
+        return [t for t in self.memories.tenants() if memory_tensors(self.memories.peek(t))]
+
+    def tenant_snapshot(self, tenant: str) -> dict:
+        """The tenant's trace store as tensors (oilbird/semantic_snapshot.py); {} if it has none."""
+        memory = self.memories.peek(tenant)
+        return memory_tensors(memory) if memory is not None else {}
+
+    def restore_tenant_snapshot(self, tenant: str, tensors: dict) -> None:
+        """Load a trace store written by `tenant_snapshot` into the tenant's (empty) memory."""
+        restore_memory(self.memories.get(tenant), tensors)
 
     def _layer(self, hidden_states) -> torch.Tensor:
         if hidden_states is None:
@@ -116,28 +172,40 @@ class SemanticDrafter(Drafter):
             raise ConfigError(f"sem_layer={self.config.sem_layer} is out of range: the model exposes "
                               f"{len(hidden_states)} hidden states (0 = input embeddings)") from None
 
-    def observe_prefill(self, observation: PrefillObservation) -> None:
+    def observe_prefill(self, request_id: str, observation: PrefillObservation) -> None:
+        """Take the first query from the prefill and, where it covers the prompt, index the prompt.
+
+        A full observation holds a state per prefilled token (row p predicted prompt[p + 1]).
+        A partial one (an external engine such as vLLM) holds fewer rows, typically just the
+        last one (the state that predicted the anchor): that row is the first query and nothing
+        of the prompt is indexed. Its top-k may be None (only the host may read it).
+        """
+        state = self.state(request_id)
         if self.host.needs_prefill:
-            self.host.observe_prefill(observation)
+            self.host.observe_prefill(request_id, observation)
         if not observation.tokens:
             return  # a one-token prompt: no state predicted the anchor
         t = time.perf_counter()
-        states = self._layer(observation.hidden_states)  # [P, d]; row p predicted prompt[p + 1]
-        store = self.memory.ensure(states)
-        self.query = normalize(states[-1:])[0]  # [d]
-        if self.config.sem_index_prompt:
-            store.add(observation.tokens[1:] + [self.anchor], states)
+        states = self._layer(observation.hidden_states)  # [P, d] (full) or [<P, d] (partial)
+        memory = state.memory
+        store = memory.ensure(states)
+        if len(states):
+            state.query = normalize(states[-1:])[0]  # [d]
+        indexed = self.config.sem_index_prompt and len(states) == len(observation.tokens)
+        if indexed:
+            store.add(observation.tokens[1:] + [state.anchor], states, owner=request_id)
         # The anchor's own record (the newest) is this query: it waits like a forward's record.
-        self.watermark = Watermark.all_of(self.memory, but_newest=int(self.config.sem_index_prompt))
-        self.stats["harvest_s"] += time.perf_counter() - t
+        state.watermark = Watermark.all_of(memory, but_newest=int(indexed))
+        state.stats["harvest_s"] += time.perf_counter() - t
 
-    def request_stats(self) -> dict:
-        memory = self.memory
+    def request_stats(self, request_id: str) -> dict:
+        state = self.state(request_id)
+        memory = state.memory
         store = memory.store if memory is not None else None
         theta = self.config.sem_theta
         if self.config.sem_self_calibrate and memory is not None:
             theta = memory.calibrator.theta()
-        return dict(self.stats, theta=theta, store_records=len(store) if store else 0,
+        return dict(state.stats, theta=theta, store_records=len(store) if store else 0,
                     bytes_per_record=store.bytes_per_record() if store else 0,
                     faiss=bool(store and store.uses_faiss()))
 
@@ -147,69 +215,72 @@ class SemanticDrafter(Drafter):
         """Nodes the semantic source may pay for in a cycle of `budget` nodes."""
         return min(self.config.sem_entry_budget, math.floor(self.config.sem_entry_share * budget))
 
-    def propose(self, budget: int) -> DraftTree:
-        tree = self.host.propose(budget)
-        self.paid = []
-        self.stats["cycles"] += 1
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        state = self.state(request_id)
+        tree = self.host.propose(request_id, budget)
+        state.paid = []
+        stats = state.stats
+        stats["cycles"] += 1
         entries = self.entry_budget(budget)
-        if entries == 0 or len(tree) <= 1 or self.query is None:
+        if entries == 0 or len(tree) <= 1 or state.query is None:
             return tree  # the key extends lexical drafts; it never opens one
         t = time.perf_counter()
-        chains = self.retrieve()
+        chains = self.retrieve(state)
         t2 = time.perf_counter()
-        self.stats["retrieve_s"] += t2 - t
+        stats["retrieve_s"] += t2 - t
         if chains:
             # The host's last-built (lowest-priority) nodes give way to the planned entries.
             planned = min(entries, sum(merge_cost(tree, chain) for _, chain in chains))
             tree = tree.truncated(max(1, min(len(tree), budget - planned)))
-            self.paid = merge_chains(tree, chains, entries, budget)
-            self.stats["fired"] += 1
-            self.stats["sem_paid"] += len(self.paid)
-        self.stats["merge_s"] += time.perf_counter() - t2
+            state.paid = merge_chains(tree, chains, entries, budget)
+            stats["fired"] += 1
+            stats["sem_paid"] += len(state.paid)
+        stats["merge_s"] += time.perf_counter() - t2
         return tree
 
-    def retrieve(self) -> list[tuple[float, list[int]]]:
-        """The semantic chains for this cycle, best first: (similarity, tokens)."""
-        cfg, store, pool = self.config, self.memory.store, self.memory.pool
-        calibrator = self.memory.calibrator
+    def retrieve(self, state: SemanticState) -> list[tuple[float, list[int]]]:
+        """The semantic chains of `state`'s request for this cycle, best first: (similarity, tokens)."""
+        cfg, store, pool = self.config, state.memory.store, state.memory.pool
+        calibrator = state.memory.calibrator
         theta = calibrator.theta() if cfg.sem_self_calibrate else cfg.sem_theta
         max_depth = cfg.sem_max_depth
         if cfg.sem_self_calibrate:
             max_depth = max(1, round(max_depth * calibrator.depth_scale()))
-        found = self._request_neighbors() if cfg.sem_granularity == "request" else self._position_neighbors()
+        found = self._request_neighbors(state) if cfg.sem_granularity == "request" \
+            else self._position_neighbors(state)
         if not found or (cfg.sem_floor and found[0][0] < theta):
             return []
         chains = []
         for rank, (sim, record, rejected) in enumerate(found):
             depth = chain_depth(sim, theta, max_depth) if cfg.sem_similarity_depth \
                 else rank_depth(rank, max_depth)
-            # Values may read anything committed: the whole store.
+            # Values may read anything committed: the whole store (within the record's segment).
             chain = pool.values[record][:depth] if rejected else store.value(record, depth, len(store))
             if chain:
                 chains.append((sim, chain))
         return chains
 
-    def _position_neighbors(self) -> list[tuple[float, int, bool]]:
+    def _position_neighbors(self, state: SemanticState) -> list[tuple[float, int, bool]]:
         """This cycle's query against both sources: (similarity, store index or pool slot, rejected)."""
-        cfg, mark = self.config, self.watermark
-        sims, indices = self.memory.store.search(self.query, cfg.sem_top_k, mark.trace)
+        cfg, mark, memory = self.config, state.watermark, state.memory
+        sims, indices = memory.store.search(state.query, cfg.sem_top_k, mark.trace)
         found = [(s, i, False) for s, i in zip(sims, indices)]
         if cfg.sem_rejected_pool:
-            sims, slots = self.memory.pool.search(self.query, self.anchor, cfg.sem_top_k, mark.rejected)
+            sims, slots = memory.pool.search(state.query, state.anchor, cfg.sem_top_k, mark.rejected)
             found += [(s, slot, True) for s, slot in zip(sims, slots)]
         return sorted(found, key=lambda f: -f[0])[: cfg.sem_top_k]
 
-    def _request_neighbors(self) -> list[tuple[float, int, bool]]:
+    def _request_neighbors(self, state: SemanticState) -> list[tuple[float, int, bool]]:
         """The request's one query (made at its first drafting cycle), each neighbor advanced in
-        step with this request's output: (similarity, store index, False)."""
-        store = self.memory.store
-        if self.request_neighbors is None:
-            sims, indices = store.search(self.query, self.config.sem_top_k, self.watermark.trace)
-            self.request_neighbors = [(s, store.id_of(i)) for s, i in zip(sims, indices)]
-            self.request_start = len(self.sequence)
-        advance = len(self.sequence) - self.request_start
+        step with this request's output, within the neighbor's segment: (similarity, store index, False)."""
+        store = state.memory.store
+        if state.request_neighbors is None:
+            sims, indices = store.search(state.query, self.config.sem_top_k, state.watermark.trace)
+            state.request_neighbors = [(s, store.id_of(i)) for s, i in zip(sims, indices)]
+            state.request_start = len(state.sequence)
+        advance = len(state.sequence) - state.request_start
         found = []
-        for sim, record_id in self.request_neighbors:
+        for sim, record_id in state.request_neighbors:
             index = store.index_of(record_id)  # ids survive eviction; a negative index was evicted
             if index >= 0 and index + advance < store.segment_end(index):
                 found.append((sim, index + advance, False))
@@ -217,28 +288,36 @@ class SemanticDrafter(Drafter):
 
     # --- harvesting ---------------------------------------------------------------------------
 
-    def observe(self, verification: Verification) -> None:
-        self.host.observe(verification)
-        super().observe(verification)
+    def observe(self, request_id: str, verification: Verification) -> SemanticState:
+        """Harvest a forward of the request: its committed tokens (trace store) and, with the
+        rejected pool on, its rejected nodes. Reads the argmax and hidden states, never the top-k
+        (which may be None; only the host may read it)."""
+        self.host.observe(request_id, verification)
+        state = super().observe(request_id, verification)
+        if verification.hidden_states is None:
+            return state  # text only (a replay of the request log, oilbird/pool_state.py): the host's
         t = time.perf_counter()
-        ver, memory = verification, self.memory
+        ver, memory = verification, state.memory
         states = self._layer(ver.hidden_states)  # [N, d]
         store = memory.ensure(states)
-        if self.paid:
-            accepted = len(set(ver.path) & set(self.paid))
-            self.stats["sem_paid_accepted"] += accepted
-            memory.calibrator.update(len(self.paid), accepted)
+        if state.paid:
+            accepted = len(set(ver.path) & set(state.paid))
+            state.stats["sem_paid_accepted"] += accepted
+            memory.calibrator.update(len(state.paid), accepted)
         # The visibility rule: this forward's records, about to be added to both sources, wait
-        # for the proposal after next (the next query is one of their keys).
-        self.watermark = Watermark.all_of(memory)
+        # for this request's proposal after next (its next query is one of their keys). Records
+        # other requests add later wait for this request's next harvest.
+        state.watermark = Watermark.all_of(memory)
         nodes = ([0] + ver.path)[: len(ver.committed)]  # committed token j was predicted by nodes[j]
-        store.add(ver.committed, states[nodes])
-        self.query = normalize(states[nodes[-1]:nodes[-1] + 1])[0]  # [d]
+        if nodes:
+            store.add(ver.committed, states[nodes], owner=request_id)
+            state.query = normalize(states[nodes[-1]:nodes[-1] + 1])[0]  # [d]
         if self.config.sem_rejected_pool and self.config.sem_entry_budget > 0:
-            self._harvest_rejected(ver, states)
-        self.stats["harvest_s"] += time.perf_counter() - t
+            self._harvest_rejected(memory, ver, states)
+        state.stats["harvest_s"] += time.perf_counter() - t
+        return state
 
-    def _harvest_rejected(self, ver: Verification, states: torch.Tensor) -> None:
+    def _harvest_rejected(self, memory: SemanticMemory, ver: Verification, states: torch.Tensor) -> None:
         """Add a record per rejected node: its parent's state [d], its token, the endorsed continuation."""
         tree, on_path = ver.tree, set(ver.path)
         rejected = [n for n in range(1, len(tree)) if n not in on_path]
@@ -248,7 +327,7 @@ class SemanticDrafter(Drafter):
         depth = self.config.sem_rejected_depth
         values = [endorsed_continuation(tree, preds, n, depth) for n in rejected]
         parents = [tree.parents[n] for n in rejected]
-        self.memory.pool.add(states[parents], [tree.tokens[n] for n in rejected], values)  # keys [m, d]
+        memory.pool.add(states[parents], [tree.tokens[n] for n in rejected], values)  # keys [m, d]
 
 
 @dataclass

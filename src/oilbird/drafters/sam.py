@@ -3,8 +3,9 @@
 Two automata answer "what followed the longest suffix of the text so far?":
 - the *pool* automaton of the tenant's past requests (prompts and outputs; `oilbird.pool`), kept
   across requests (capped, see below); a request joins it only when it ends (strictly online);
-- a *local* automaton over the current request's committed text, extended token by token with
-  its cursor advanced before each extension, so the text never matches its own newest position.
+- a *local* automaton over each request's committed text (kept in its `SAMState`), extended
+  token by token with its cursor advanced before each extension, so the text never matches its
+  own newest position.
 The longer match drafts a chain of `min(max_predicts, 1 + floor(alpha * match_len))` tokens from
 its first occurrence (ties go to the local automaton). When that chain is shorter than the budget
 allows, the drafter backs off: the other distinct next tokens after the matched suffix, then after
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from oilbird.drafters.base import Drafter
+from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.registry import register
 from oilbird.pool import Pool, PoolConfig, TokenStore
 from oilbird.suffix_automaton import SuffixAutomaton
@@ -63,56 +64,82 @@ class _Cursor:
         self.state, self.length = self.sam.advance(self.state, self.length, token)
 
 
+def _advance_local(state: SAMState, token: int) -> None:
+    state.local_cursor.advance(token)  # before extending: never match the newest position
+    state.local.extend(token)
+
+
+@dataclass
+class SAMState(RequestState):
+    """A SAM request: its tenant's store, its local automaton and the two match cursors.
+
+    The pool cursor follows `store.sam` as of `pool_version`; `propose` re-matches it when the
+    store changed (another request of the tenant ended) since.
+    """
+
+    store: TokenStore | None = None
+    """The tenant's pool store, kept for the whole request (a drop_tenant orphans it)."""
+    local: SuffixAutomaton | None = None
+    """Automaton over this request's committed text."""
+    local_cursor: _Cursor | None = None
+    pool_cursor: _Cursor | None = None
+    pool_version: int = -1
+    """`store.version` when `pool_cursor` was last matched."""
+
+
 @register
 class SAMDrafter(Drafter):
-    """Suffix-automaton drafter over the cross-request pool and the current request."""
+    """Suffix-automaton drafter over the cross-request pool and each request's own text."""
 
     name = "sam"
     Config = SAMConfig
+    State = SAMState
 
     def __init__(self, config: SAMConfig | None = None) -> None:
         super().__init__(config)
         self.pool = Pool(PoolConfig(self.config.pool_max_tokens))
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
-        super().start_request(request_id, prompt_ids, tenant)
+    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> SAMState:
+        state = super().start_request(request_id, prompt_ids, tenant)
         # The request keeps its store: a drop_tenant while it runs orphans it (its text is then
         # lost with it), and nothing re-creates the tenant before its next request.
-        self.store: TokenStore = self.pool.get(tenant)
-        self.local = SuffixAutomaton()
-        self.local_cursor = _Cursor(self.local)
-        self._sync_pool_cursor()
+        state.store = self.pool.get(tenant)
+        state.local = SuffixAutomaton()
+        state.local_cursor = _Cursor(state.local)
+        self._sync_pool_cursor(state)
         for token in prompt_ids:
-            self._advance_local(token)
+            _advance_local(state, token)
+        return state
 
-    def _advance_local(self, token: int) -> None:
-        self.local_cursor.advance(token)  # before extending: never match the newest position
-        self.local.extend(token)
-
-    def _sync_pool_cursor(self) -> None:
+    def _sync_pool_cursor(self, state: SAMState) -> None:
         # The pool changes only when a request ends; re-match when it did (a concurrent request
         # finished) rather than keep a cursor into a rebuilt automaton.
-        self.pool_cursor = _Cursor(self.store.sam)
-        self.pool_version = self.store.version
-        for token in self.sequence[-self.config.max_predicts:]:
-            self.pool_cursor.advance(token)
+        state.pool_cursor = _Cursor(state.store.sam)
+        state.pool_version = state.store.version
+        for token in state.sequence[-self.config.max_predicts:]:
+            state.pool_cursor.advance(token)
 
-    def observe(self, verification: Verification) -> None:
-        super().observe(verification)
+    def observe(self, request_id: str, verification: Verification) -> SAMState:
+        state = super().observe(request_id, verification)
         for token in verification.committed:
-            self._advance_local(token)
-            self.pool_cursor.advance(token)
+            _advance_local(state, token)
+            state.pool_cursor.advance(token)
+        return state
 
-    def stop_request(self, request_id: str) -> None:
-        self.store.add_request(request_id, self.sequence)  # only now may others draft from it
-        super().stop_request(request_id)
+    def stop_request(self, request_id: str) -> SAMState | None:
+        """End the request; its text joins its tenant's pool only now (unknown ids are ignored)."""
+        state = super().stop_request(request_id)
+        if state is not None:
+            state.store.add_request(request_id, state.sequence)  # only now may others draft from it
+        return state
 
-    def propose(self, budget: int) -> DraftTree:
-        if self.store.version != self.pool_version:
-            self._sync_pool_cursor()
-        tree = DraftTree.root(self.anchor)
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        state = self.state(request_id)
+        if state.store.version != state.pool_version:
+            self._sync_pool_cursor(state)
+        tree = DraftTree.root(state.anchor)
         cfg = self.config
-        cursors = sorted((self.local_cursor, self.pool_cursor), key=lambda c: -c.length)
+        cursors = sorted((state.local_cursor, state.pool_cursor), key=lambda c: -c.length)
         best = cursors[0]  # stable sort: the local automaton wins ties
         if best.length < cfg.min_match or budget < 2:
             return tree

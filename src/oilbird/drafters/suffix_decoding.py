@@ -16,11 +16,14 @@ Contract:
     removes the response from the tree (`SuffixTree.remove`, O(length x D)).
   A request id that is already cached has its old response evicted when it starts again, so a
   re-run never drafts from its own earlier answer.
-- Per request, a local tree over its prompt and response so far; dropped by `stop_request`.
-- `propose(budget)` speculates on both trees with the last D committed tokens as context (the
-  last one is the anchor, so the drafted tokens are what follows it), keeps the higher score
-  (a tie goes to the local tree) and hangs the draft below the anchor: at most `budget` nodes,
-  root included, each tagged "suffix" and scored with its estimated probability.
+- Per request (in its `SuffixDecodingState`), a local tree over its prompt and response so far;
+  dropped by `stop_request`. Concurrent requests of a tenant share its cache, each appending to
+  its own response.
+- `propose(request_id, budget)` speculates on both trees with the request's last D committed
+  tokens as context (the last one is the anchor, so the drafted tokens are what follows it),
+  keeps the higher score (a tie goes to the local tree) and hangs the draft below the anchor: at
+  most `budget` nodes, root included, each tagged "suffix" and scored with its estimated
+  probability.
 - Tenants never share a tree.
 """
 
@@ -29,7 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from oilbird.drafters.base import Drafter
+from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.registry import register
 from oilbird.suffix_tree import SuffixTree
 from oilbird.tenants import TenantMap
@@ -169,12 +172,25 @@ class ResponseCache:
         return 650 * self.tree.num_nodes
 
 
+@dataclass
+class SuffixDecodingState(RequestState):
+    """A SuffixDecoding request: its local tree and its slot in its tenant's response cache."""
+
+    local: SuffixTree | None = None
+    """Suffix tree over this request's prompt and response so far (seq_id `_LOCAL`)."""
+    cache: ResponseCache | None = None
+    """The tenant's cache, kept for the whole request (a drop_tenant orphans it)."""
+    response_seq: int | None = None
+    """This response's seq_id in `cache`; None when the global tree is disabled."""
+
+
 @register
 class SuffixDecoding(Drafter):
     """SuffixDecoding: local (prompt + response) and per-tenant global (responses) suffix trees."""
 
     name = "suffix"
     Config = SuffixDecodingConfig
+    State = SuffixDecodingState
 
     def __init__(self, config: SuffixDecodingConfig | None = None) -> None:
         super().__init__(config)
@@ -182,47 +198,41 @@ class SuffixDecoding(Drafter):
         self.caches: TenantMap[ResponseCache] = TenantMap(lambda: ResponseCache(
             cfg.max_depth, cfg.max_cached_requests, cfg.max_cached_tokens))
         """tenant -> its global tree of responses."""
-        self.local: SuffixTree | None = None
-        self._cache: ResponseCache | None = None
-        self._response_seq: int | None = None
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
-        super().start_request(request_id, prompt_ids, tenant)
-        cfg = self.config
-        self.local = SuffixTree(cfg.max_depth)
-        self.local.extend(_LOCAL, prompt_ids)
+    def start_request(self, request_id: str, prompt_ids: list[int],
+                      tenant: str = "default") -> SuffixDecodingState:
+        state = super().start_request(request_id, prompt_ids, tenant)
+        state.local = SuffixTree(self.config.max_depth)
+        state.local.extend(_LOCAL, prompt_ids)
         # The request keeps its cache: a drop_tenant while it runs orphans it, and nothing
         # re-creates the tenant before its next request.
-        self._cache = self.caches.get(tenant)
-        self._response_seq = self._cache.open(request_id)
+        state.cache = self.caches.get(tenant)
+        state.response_seq = state.cache.open(request_id)
+        return state
 
-    def observe(self, verification: Verification) -> None:
-        super().observe(verification)
+    def observe(self, request_id: str, verification: Verification) -> SuffixDecodingState:
+        state = super().observe(request_id, verification)
         for token in verification.committed:
-            self.local.append(_LOCAL, token)
-            if self._response_seq is not None:
-                self._cache.append(self._response_seq, token)
+            state.local.append(_LOCAL, token)
+            if state.response_seq is not None:
+                state.cache.append(state.response_seq, token)
+        return state
 
-    def propose(self, budget: int) -> DraftTree:
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        state = self.state(request_id)
         cfg = self.config
-        tree = DraftTree.root(self.anchor)
+        tree = DraftTree.root(state.anchor)
         max_tokens = budget - 1 if cfg.max_spec_tokens == 0 else min(cfg.max_spec_tokens, budget - 1)
         if max_tokens < 1:
             return tree
-        context = self.sequence[-cfg.max_depth:]
+        context = state.sequence[-cfg.max_depth:]
         args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob, cfg.use_tree)
-        best = self.local.speculate(context, *args)
-        if self._cache is not None and len(self._cache.tree):
-            other = self._cache.tree.speculate(context, *args)
+        best = state.local.speculate(context, *args)
+        if len(state.cache.tree):
+            other = state.cache.tree.speculate(context, *args)
             if other.score > best.score:
                 best = other
         nodes: list[int] = []  # draft index -> tree node; parents precede children in the draft
         for token, parent, prob in zip(best.token_ids, best.parents, best.probs):
             nodes.append(tree.add(0 if parent < 0 else nodes[parent], token, self.name, prob))
         return tree
-
-    def stop_request(self, request_id: str) -> None:
-        self.local = None
-        self._cache = None
-        self._response_seq = None
-        super().stop_request(request_id)

@@ -23,8 +23,9 @@ The package is optional. It builds from source on a CPU machine:
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
-from oilbird.drafters.base import Drafter
+from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.registry import register
 from oilbird.drafters.suffix_decoding import SuffixDecodingConfig
 from oilbird.errors import ConfigError
@@ -108,12 +109,21 @@ class _TenantCache:
         return _BYTES_PER_TOKEN * self.num_tokens
 
 
+@dataclass
+class SuffixReferenceState(RequestState):
+    """A suffix-ref request: its tenant's cache (Arctic keeps the request's local tree by id)."""
+
+    cache: _TenantCache | None = None
+    """The tenant's cache, kept for the whole request (a drop_tenant orphans it)."""
+
+
 @register
 class SuffixReference(Drafter):
     """Arctic Inference's SuffixDecodingCache behind our drafter protocol."""
 
     name = "suffix-ref"
     Config = SuffixDecodingConfig
+    State = SuffixReferenceState
 
     def __init__(self, config: SuffixDecodingConfig | None = None) -> None:
         super().__init__(config)
@@ -129,29 +139,36 @@ class SuffixReference(Drafter):
             SuffixDecodingCache(max_tree_depth=cfg.max_depth, max_cached_requests=max_requests),
             cfg.max_cached_tokens))
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
-        super().start_request(request_id, prompt_ids, tenant)
+    def start_request(self, request_id: str, prompt_ids: list[int],
+                      tenant: str = "default") -> SuffixReferenceState:
+        state = super().start_request(request_id, prompt_ids, tenant)
         # The request keeps its cache: a drop_tenant while it runs orphans it, and nothing
         # re-creates the tenant before its next request.
-        self.cache = self.caches.get(tenant)
-        self.cache.start(request_id, prompt_ids)
+        state.cache = self.caches.get(tenant)
+        state.cache.start(request_id, prompt_ids)
+        return state
 
-    def observe(self, verification: Verification) -> None:
-        super().observe(verification)
-        self.cache.add(self.request_id, list(verification.committed))
+    def observe(self, request_id: str, verification: Verification) -> SuffixReferenceState:
+        state = super().observe(request_id, verification)
+        state.cache.add(request_id, list(verification.committed))
+        return state
 
-    def stop_request(self, request_id: str) -> None:
-        self.cache.arctic.stop_request(request_id)
-        super().stop_request(request_id)
+    def stop_request(self, request_id: str) -> SuffixReferenceState | None:
+        """End the request in Arctic (its response stays cached); unknown ids are ignored."""
+        state = super().stop_request(request_id)
+        if state is not None:
+            state.cache.arctic.stop_request(request_id)
+        return state
 
-    def propose(self, budget: int) -> DraftTree:
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        state = self.state(request_id)
         cfg = self.config
         limit = budget - 1 if cfg.max_spec_tokens <= 0 else min(cfg.max_spec_tokens, budget - 1)
-        tree = DraftTree.root(self.anchor)
+        tree = DraftTree.root(state.anchor)
         if limit < 1:
             return tree
-        draft = self.cache.arctic.speculate(
-            self.request_id, self.sequence[-cfg.max_depth:], max_spec_tokens=limit,
+        draft = state.cache.arctic.speculate(
+            request_id, state.sequence[-cfg.max_depth:], max_spec_tokens=limit,
             max_spec_factor=cfg.max_spec_factor, max_spec_offset=cfg.max_spec_offset,
             min_token_prob=cfg.min_token_prob, use_tree_spec=cfg.use_tree)
         index = []  # draft position -> tree node

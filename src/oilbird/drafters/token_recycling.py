@@ -21,6 +21,11 @@ Contract:
   least recently *written* row first (an overwritten row moves to the newest end; reading a row
   does not refresh it). The vocabulary already bounds the table, so the default cap (1,000,000)
   never binds for the vocabularies we serve; it only states the bound (`memory_bytes`).
+* Without top-k: an external engine (vLLM) may hand a `Verification` whose `topk_ids` is None.
+  The update then writes, for every node whose argmax is known (>= 0), the one-id row
+  [argmax] (`verified_topk`): the template then drafts only rank-0 children, a chain.
+* Requests: one drafter serves many requests at once, keyed by id; a request's `TokenRecyclingState`
+  holds its sequence and its tenant's table (nothing of a request stays on the instance).
 * The prefill is not harvested, as in the official TR code (SAMD's TR and GOOSE-ref do harvest
   every prompt position): `needs_prefill` stays False, so no prompt-position top-k is computed
   for this drafter. A fresh tenant's table is therefore empty, and its first forward drafts
@@ -42,7 +47,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-from oilbird.drafters.base import Drafter
+import torch
+
+from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.registry import register
 from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
@@ -268,12 +275,47 @@ def draft_from_table(anchor: int, table: AdjacencyTable, plan: Sequence[tuple[in
     return tree
 
 
+def verified_topk(verification: Verification) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """What one forward predicted after each verified node, as top-k rows.
+
+    With top-k (the verifier's own forwards): every node of the tree and `topk_ids` unchanged
+    (one row per node), with `topk_logits` (zeros if only those are missing). Without
+    (`topk_ids` None, as an external engine may give): only the nodes whose argmax is known
+    (>= 0; the engine marks the rest -1), each with its argmax as a one-id row and logit 0 (a
+    softmax over the row scores it 1.0).
+
+    Returns:
+        (nodes ascending, ids [len(nodes), k'], logits [len(nodes), k']).
+    """
+    ids = verification.topk_ids
+    if ids is not None:
+        logits = verification.topk_logits
+        return (list(range(len(verification.tree))), ids,
+                logits if logits is not None else torch.zeros(ids.shape))
+    argmax = torch.as_tensor(verification.argmax).reshape(-1)
+    nodes = torch.nonzero(argmax >= 0).flatten()
+    ids = argmax[nodes].unsqueeze(1)  # [n, 1]
+    return nodes.tolist(), ids, torch.zeros(ids.shape)
+
+
+@dataclass
+class TokenRecyclingState(RequestState):
+    """A TR request: its tenant's adjacency table, held for the whole request."""
+
+    table: AdjacencyTable | None = None
+    """A drop of the tenant while the request runs orphans this table rather than breaking it."""
+
+
 @register
 class TokenRecycling(Drafter):
-    """TR: a static template filled from the target's recycled top-k predictions, one table per tenant."""
+    """TR: a static template filled from the target's recycled top-k predictions, one table per tenant.
+
+    One instance serves many requests (keyed by id); each request drafts from its tenant's table.
+    """
 
     name = "tr"
     Config = TokenRecyclingConfig
+    State = TokenRecyclingState
 
     def __init__(self, config: TokenRecyclingConfig | None = None) -> None:
         super().__init__(config)
@@ -283,15 +325,23 @@ class TokenRecycling(Drafter):
         self.tables: TenantMap[AdjacencyTable] = TenantMap(
             lambda: AdjacencyTable(cfg.top_k, cfg.max_rows))
 
-    def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> None:
-        super().start_request(request_id, prompt_ids, tenant)
+    def start_request(self, request_id: str, prompt_ids: list[int],
+                      tenant: str = "default") -> TokenRecyclingState:
+        state = super().start_request(request_id, prompt_ids, tenant)
         # The request keeps its table: a drop_tenant while it runs orphans it, and nothing
         # re-creates the tenant before its next request. The prompt is not harvested (official TR).
-        self.table = self.tables.get(tenant)
+        state.table = self.tables.get(tenant)
+        return state
 
-    def propose(self, budget: int) -> DraftTree:
-        return draft_from_table(self.anchor, self.table, self.plan, budget, self.name)
+    def propose(self, request_id: str, budget: int) -> DraftTree:
+        state = self.state(request_id)
+        return draft_from_table(state.anchor, state.table, self.plan, budget, self.name)
 
-    def observe(self, verification: Verification) -> None:
-        super().observe(verification)
-        self.table.update(verification.tree.tokens, verification.topk_ids)
+    def observe(self, request_id: str, verification: Verification) -> TokenRecyclingState:
+        """Extend the request's sequence and write every verified node's row (see the module
+        docstring; without top-k, the known argmax as a one-id row)."""
+        state = super().observe(request_id, verification)
+        nodes, ids, _ = verified_topk(verification)
+        tokens = verification.tree.tokens
+        state.table.update([tokens[n] for n in nodes] if verification.topk_ids is None else tokens, ids)
+        return state

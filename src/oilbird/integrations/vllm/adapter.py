@@ -228,7 +228,9 @@ class EngineDrafter:
         if max_drafts < 1:
             return []
         tree = self.drafter.propose(request_id, self.config.node_budget).truncated(self.config.node_budget)
-        chain = tree.chain_along(tree.best_path(max_drafts))
+        path = tree.best_path(max_drafts)
+        self.drafter.restrict_proposal(request_id, path)
+        chain = tree.chain_along(path)
         self.proposed[request_id] = chain
         return chain.tokens[1:]
 

@@ -1,4 +1,4 @@
-"""The servers of tests/vllm: how they start, wait, stop (fixtures: tests/vllm/conftest.py)."""
+"""The servers of tests/serving: how they start, wait, stop (fixtures: tests/serving/conftest.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`oilbird serve` over HTTP with the real `openai` client: lossless outputs, concurrency, bad
-inputs, tenant isolation and the per-tenant metrics (servers: tests/vllm/conftest.py)."""
+inputs, tenant isolation and the per-tenant metrics (servers: tests/serving/conftest.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The servers tests/vllm talks to over HTTP, started once per session.
+"""The servers tests/serving talks to over HTTP, started once per session.
 
 - `oilbird_server`: `python -m oilbird.cli serve` (the default model, method oilbird, vLLM's CPU
   backend) with a key file of two tenants, `alice` (two keys) and `bob`;

@@ -1,0 +1,490 @@
+"""In-engine comparison inside vLLM: no speculation vs vLLM's `ngram` and `suffix` vs our drafters.
+
+One run of this script is one table. Every method serves the same requests, given to vLLM as token
+ids (TokensPrompt, encoded exactly as `oilbird bench` encodes them), greedy (temperature 0), with
+the same engine settings; only `speculative_config` (and, for ours, the worker class) differs:
+
+  none          no speculation, async scheduling off like every speculative engine (vLLM turns
+                it off for ngram, suffix and custom_class): the baseline of every other row
+  none-async    no speculation with async scheduling, vLLM's own default without speculation
+  ngram         vLLM's prompt lookup     {"method": "ngram", "num_speculative_tokens": K, ...}
+  suffix        vLLM's SuffixDecoding    {"method": "suffix", ...}; needs arctic-inference
+  <ours>        any method of our registry (`oilbird list`): oilbird, oilbird-pld, sam, goose, ...
+                {"method": "custom_class", "model": "oilbird.integrations.vllm.OilbirdProposer"},
+                worker_cls OilbirdCPUWorker, additional_config {"oilbird": {"method": <ours>}}
+
+A vLLM `LLM` holds one speculative config, so each method is its own `LLM`, built, warmed up,
+timed and shut down in turn (`--isolation process`: each in a fresh subprocess of this script
+instead, back to back on the same machine). Per method:
+  tokens/s       output tokens / wall time of the one timed `LLM.generate` over all requests
+                 (engine start-up and the warm-up excluded), pooled
+  speedup        tokens/s / the `none` row's
+  acceptance     accepted / draft tokens, from vLLM's spec-decode counters (LLM.get_metrics(),
+                 deltas over the timed generate)
+  mean acc. len  1 + accepted / drafts (vLLM's "mean acceptance length"; a draft = one request-step
+                 that carried draft tokens)
+  identical      requests whose output token ids equal the `none` run's; for the others the first
+                 differing position (min over requests)
+  prefill/decode s  summed over requests, from the engine core's timestamps (scheduled -> first
+                 token -> last token)
+  load 1m        the machine's 1-minute load average before -> after the timed generate (other
+                 work on the machine skews tokens/s; compare rows with similar load)
+
+Workloads (`--workload`):
+  slice   the `make bench` slice: `oilbird bench --dataset api-bank --per-category 5 --limit 20`
+  stream  the 100-request API-Bank stream: 25 per file, the four files in stream order
+`--limit N` keeps the first N requests of the workload (smoke tests).
+
+Threads: `--threads N` sets vLLM's CPU OpenMP binding VLLM_CPU_OMP_THREADS_BIND to the first N
+allowed CPUs (vLLM then sets OMP_NUM_THREADS=N and the affinity in its worker) and torch's threads
+in this process. `--bind` overrides the binding string as vLLM takes it ('auto' reserves one core
+for vLLM's scheduler process; 'nobind' leaves OpenMP alone). `--iomp` puts the venv's Intel OpenMP
+(lib/libiomp5.so) in LD_PRELOAD, the set-up vLLM's warning asks for ("Speculative decoding on CPU
+without Intel OpenMP in LD_PRELOAD will cause significant performance loss").
+vLLM's ngram proposer runs numba `parallel=True` code and calls numba's set_num_threads around it;
+with numba's OpenMP threading layer (its default here) that leaves the calling thread -- the
+worker's, which also runs the model -- at ONE OpenMP thread (torch.get_num_threads() 2 -> 1), so
+the ngram row would run the model single-threaded while every other row runs --threads. The
+script therefore sets NUMBA_THREADING_LAYER=workqueue (`--numba-threading-layer omp`: as shipped).
+
+Output: the table on stdout; under --out DIR one JSON per method (`<method>.json`: settings,
+numbers, counters, output ids per request), `summary.json` and `table.md`.
+
+Usage (vLLM lives in its own venv; `make vllm` builds .venv-vllm):
+  VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python scripts/vllm_bench.py \
+      --workload slice --max-num-seqs 1 --threads 2 --out out/vllm-bench-slice-seqs1
+  .venv-vllm/bin/python scripts/vllm_bench.py --limit 4 --out /tmp/smoke          # smoke test
+  .venv-vllm/bin/python scripts/vllm_bench.py --methods none,ngram,sam --workload stream --max-num-seqs 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+DEFAULT_METHODS = "none,none-async,ngram,suffix,oilbird,oilbird-pld,sam,goose"
+WORKLOADS = {  # name -> (per_category, limit), as load_dataset("api-bank", ...) takes them
+    "slice": (5, 20),  # make bench: --per-category 5 --limit 20
+    "stream": (25, 100),  # 25 per file, stream order
+}
+COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens")
+TENANT = "api-bank"  # as `oilbird bench` serves a dataset: one tenant (pool) per dataset
+WARMUP_PROMPT = "List the numbers from one to twenty, separated by commas."
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help=f"comma list; 'none' is always run first (default: {DEFAULT_METHODS})")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="slice")
+    p.add_argument("--limit", type=int, default=0, help="serve only the first N requests (0: all)")
+    p.add_argument("--max-num-seqs", type=int, default=1, help="vLLM's max_num_seqs (1 or 8 ...)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--num-spec", type=int, default=8,
+                   help="num_speculative_tokens for every speculative method (default 8)")
+    p.add_argument("--ngram-min", type=int, default=None,
+                   help="ngram's prompt_lookup_min (default: vLLM's, 5 when neither is given)")
+    p.add_argument("--ngram-max", type=int, default=None, help="ngram's prompt_lookup_max")
+    p.add_argument("--node-budget", type=int, default=64, help="our drafters' tree budget per step")
+    p.add_argument("--threads", type=int, default=2, help="OpenMP threads of vLLM's CPU worker")
+    p.add_argument("--bind", default=None,
+                   help="VLLM_CPU_OMP_THREADS_BIND as vLLM takes it (overrides --threads' binding)")
+    p.add_argument("--iomp", action="store_true", help="LD_PRELOAD the venv's libiomp5.so")
+    p.add_argument("--numba-threading-layer", default="workqueue",
+                   help="NUMBA_THREADING_LAYER for vLLM's ngram proposer (default workqueue; 'omp', "
+                        "numba's default here, leaves the worker's torch at 1 thread: see above)")
+    p.add_argument("--kv-space", default=None,
+                   help="VLLM_CPU_KVCACHE_SPACE in GiB (default: the environment's, else 1)")
+    p.add_argument("--max-model-len", type=int, default=0,
+                   help="0: the longest prompt + max tokens + num spec, rounded up to 256")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--compile", action="store_true", help="let vLLM compile (default: enforce_eager)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed warm-up requests per method (a fixed prompt, tenant 'warmup')")
+    p.add_argument("--isolation", choices=("inproc", "process"), default="inproc",
+                   help="inproc: each method an LLM in this process, one after the other; "
+                        "process: each method in a fresh subprocess of this script")
+    p.add_argument("--model", default=None, help="oilbird model spec (default: oilbird's default)")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", default=None, help="directory for <method>.json, summary.json, table.md")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # process isolation: a method
+    p.add_argument("--child-io", default=None, help=argparse.SUPPRESS)  # its inputs/result file
+    args = p.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    args.method_list = ["none"] + [m for m in dict.fromkeys(methods) if m != "none"]
+    return args
+
+
+def setup_env(args) -> dict:
+    """The environment vLLM reads (set before vLLM is imported); what was used, for the record."""
+    if args.kv_space is not None:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_space)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.bind is not None:
+        bind = args.bind
+    else:
+        cpus = sorted(os.sched_getaffinity(0))
+        if args.threads > len(cpus):
+            sys.exit(f"--threads {args.threads}: only {len(cpus)} CPUs allowed ({cpus})")
+        bind = ",".join(str(c) for c in cpus[:args.threads])
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    if args.iomp:
+        iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+        if not iomp.is_file():
+            sys.exit(f"--iomp: {iomp} not found")
+        preload = os.environ.get("LD_PRELOAD", "")
+        if "libiomp" not in preload:
+            os.environ["LD_PRELOAD"] = f"{iomp}:{preload}" if preload else str(iomp)
+    if args.numba_threading_layer:
+        os.environ["NUMBA_THREADING_LAYER"] = args.numba_threading_layer
+    import torch
+
+    torch.set_num_threads(args.threads)
+    keys = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+            "LD_PRELOAD", "OMP_NUM_THREADS", "NUMBA_THREADING_LAYER")
+    return {k: os.environ.get(k) for k in keys}
+
+
+def load_workload(args) -> tuple[str, list[dict], list[int]]:
+    """(model directory, requests as {id, category, prompt_ids} encoded as `oilbird bench` does,
+    the warm-up prompt's ids)."""
+    import torch
+
+    from oilbird.bench import encode_requests
+    from oilbird.datasets import load_dataset
+    from oilbird.models import load_model
+
+    per_category, limit = WORKLOADS[args.workload]
+    requests = load_dataset("api-bank", per_category=per_category, limit=limit,
+                            data_dir=Path(args.data_dir) if args.data_dir else None)
+    if args.limit:
+        requests = requests[:args.limit]
+    loaded = load_model(args.model) if args.model else load_model()
+    prompts = encode_requests(loaded, requests)
+    warm = loaded.encode_chat([{"role": "user", "content": WARMUP_PROMPT}])
+    source = loaded.source
+    del loaded
+    gc.collect()
+    torch.set_num_threads(args.threads)
+    reqs = [dict(id=r.id, category=r.category, prompt_ids=ids) for r, ids in zip(requests, prompts)]
+    return source, reqs, warm
+
+
+def engine_kwargs(method: str, args) -> dict:
+    """The LLM(...) keywords that make `method` ('name#tag': the method `name` again, e.g. to
+    check that the order of the runs does not matter)."""
+    method = method.partition("#")[0]
+    if method == "none":
+        return {"async_scheduling": False}
+    if method == "none-async":  # vLLM's own default without speculation
+        return {"async_scheduling": True}
+    if method == "ngram":
+        spec = {"method": "ngram", "num_speculative_tokens": args.num_spec}
+        if args.ngram_min is not None:
+            spec["prompt_lookup_min"] = args.ngram_min
+        if args.ngram_max is not None:
+            spec["prompt_lookup_max"] = args.ngram_max
+        return {"speculative_config": spec, "async_scheduling": False}
+    if method == "suffix":
+        return {"speculative_config": {"method": "suffix", "num_speculative_tokens": args.num_spec},
+                "async_scheduling": False}
+    return {"async_scheduling": False, "speculative_config": {"method": "custom_class",
+                                   "model": "oilbird.integrations.vllm.OilbirdProposer",
+                                   "num_speculative_tokens": args.num_spec},
+            "worker_cls": "oilbird.integrations.vllm.OilbirdCPUWorker",
+            "additional_config": {"oilbird": {"method": method, "node_budget": args.node_budget}}}
+
+
+def counters(llm) -> dict:
+    """The spec-decode counters now (summed over engines), and accepted tokens per position."""
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    out = {name: 0 for name in COUNTERS}
+    per_pos: list[int] = []
+    for m in llm.get_metrics():
+        if isinstance(m, Counter) and m.name in out:
+            out[m.name] += m.value
+        elif isinstance(m, Vector) and m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            per_pos = [a + b for a, b in zip(per_pos, m.values)] + m.values[len(per_pos):] \
+                if per_pos else list(m.values)
+    out["per_pos"] = per_pos
+    return out
+
+
+def engine_env() -> dict:
+    """The environment vLLM's engine processes inherit: this process's after LLM() (vLLM's CPU
+    platform adds its LD_PRELOAD here; /proc/<pid>/environ of the engine processes is useless,
+    their process titles overwrite it)."""
+    keys = ("LD_PRELOAD", "NUMBA_THREADING_LAYER", "VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS")
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+def shutdown(llm) -> None:
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        try:
+            core.shutdown()
+        except Exception:  # noqa: BLE001 -- best effort; the next LLM must still start
+            traceback.print_exc()
+
+
+def run_method(method: str, source: str, reqs: list[dict], warm: list[int], args) -> dict:
+    """Build one LLM for `method`, warm it up, time one generate over all requests, shut it down."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    record = dict(method=method, ok=False, engine_kwargs=engine_kwargs(method, args))
+    llm = None
+    try:
+        longest = max(len(r["prompt_ids"]) for r in reqs)
+        max_len = args.max_model_len or -(-(longest + args.max_tokens + args.num_spec + 8) // 256) * 256
+        record["max_model_len"] = max_len
+        t0 = time.perf_counter()
+        llm = LLM(model=source, dtype="float32", max_model_len=max_len,
+                  max_num_seqs=args.max_num_seqs, enforce_eager=not args.compile,
+                  enable_prefix_caching=not args.no_prefix_caching, disable_log_stats=False,
+                  seed=0, **engine_kwargs(method, args))
+        record["startup_s"] = time.perf_counter() - t0
+        record["engine_env"] = engine_env()
+
+        def params(tenant: str, max_tokens: int) -> SamplingParams:
+            return SamplingParams(temperature=0.0, max_tokens=max_tokens, detokenize=False,
+                                  extra_args={"oilbird_tenant": tenant})
+
+        if args.warmup:
+            t0 = time.perf_counter()
+            llm.generate([TokensPrompt(prompt_token_ids=warm)] * args.warmup,
+                         params("warmup", min(16, args.max_tokens)), use_tqdm=False)
+            record["warmup_s"] = time.perf_counter() - t0
+        before = counters(llm)
+        prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in reqs]
+        load_before = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params(TENANT, args.max_tokens), use_tqdm=True)
+        wall = time.perf_counter() - t0
+        record["loadavg_1m"] = [load_before, os.getloadavg()[0]]  # other work on the machine?
+        after = counters(llm)
+        delta = {k: after[k] - before[k] for k in COUNTERS}
+        per_pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0)
+                   for i, a in enumerate(after["per_pos"])]
+        outputs = [list(o.outputs[0].token_ids) for o in outs]
+        # Engine-core timestamps per request: prefill (scheduled -> first token) and decode (first
+        # -> last token), to tell where the time went.
+        stats = [getattr(o, "metrics", None) for o in outs]
+        if all(m is not None and getattr(m, "last_token_ts", 0) for m in stats):
+            record["prefill_s"] = sum(m.first_token_ts - m.scheduled_ts for m in stats)
+            record["decode_s"] = sum(m.last_token_ts - m.first_token_ts for m in stats)
+        n_out = sum(len(o) for o in outputs)
+        drafts, draft_tokens, accepted = (delta[k] for k in COUNTERS)
+        record.update(
+            ok=True, wall_s=wall, output_tokens=n_out, tokens_per_s=n_out / wall,
+            num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
+            accepted_per_pos=per_pos,
+            acceptance=accepted / draft_tokens if draft_tokens else None,
+            mean_accepted_length=1 + accepted / drafts if drafts else None,
+            finish_reasons=[o.outputs[0].finish_reason for o in outs],
+            outputs=[dict(id=r["id"], output_ids=ids,
+                          **({"prefill_s": m.first_token_ts - m.scheduled_ts,
+                              "decode_s": m.last_token_ts - m.first_token_ts}
+                             if m is not None and getattr(m, "last_token_ts", 0) else {}))
+                     for r, ids, m in zip(reqs, outputs, stats)])
+    except Exception as error:  # noqa: BLE001 -- a crashing drafter is reported, not fatal
+        record.update(error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
+        traceback.print_exc()
+    finally:
+        if llm is not None:
+            shutdown(llm)
+            del llm
+        gc.collect()
+    return record
+
+
+def run_child(method: str, source: str, reqs: list[dict], warm: list[int], args, out_dir: Path) -> dict:
+    """`--isolation process`: run the method in a fresh interpreter of this very script."""
+    io = out_dir / f".io-{method}.json"
+    io.write_text(json.dumps(dict(source=source, reqs=reqs, warm=warm)))
+    argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child", method,
+            "--child-io", str(io)]
+    rc = subprocess.run(argv).returncode
+    try:
+        record = json.loads(io.read_text())
+        if "method" not in record:
+            raise ValueError("no result")
+    except (OSError, ValueError):
+        record = dict(method=method, ok=False, error=f"subprocess exited {rc} without a result")
+    io.unlink(missing_ok=True)
+    return record
+
+
+def compare(record: dict, base: dict | None) -> None:
+    """Fill `identical`/`differing`/`first_diff` against the `none` run."""
+    if not record.get("ok") or base is None or not base.get("ok"):
+        return
+    diffs = []
+    for mine, ref in zip(record["outputs"], base["outputs"]):
+        a, b = mine["output_ids"], ref["output_ids"]
+        if a != b:
+            pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            diffs.append(dict(id=mine["id"], position=pos))
+    record["identical"] = len(record["outputs"]) - len(diffs)
+    record["differing"] = diffs
+    record["first_diff"] = min((d["position"] for d in diffs), default=None)
+
+
+def fmt(value, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def table(records: list[dict], base: dict | None) -> str:
+    head = ("| method | tokens/s | speedup | acceptance | mean acc. len | drafts | draft tok | "
+            "accepted | identical to none | first diff pos | prefill s | decode s | startup s | load 1m |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    base_tps = base.get("tokens_per_s") if base and base.get("ok") else None
+    for r in records:
+        if not r.get("ok"):
+            lines.append(f"| {r['method']} | FAILED: {r.get('error', '?')[:160]} |" + " |" * 12)
+            continue
+        speed = r["tokens_per_s"] / base_tps if base_tps else None
+        n = len(r["outputs"])
+        ident = f"{r['identical']}/{n}" if "identical" in r else "—"
+        lines.append(
+            f"| {r['method']} | {r['tokens_per_s']:.1f} | {fmt(speed, '.2f')}× | "
+            f"{fmt(r['acceptance'], '.3f')} | {fmt(r['mean_accepted_length'], '.2f')} | "
+            f"{r['num_drafts']} | {r['num_draft_tokens']} | {r['num_accepted_tokens']} | {ident} | "
+            f"{fmt(r.get('first_diff'), 'd')} | {fmt(r.get('prefill_s'), '.1f')} | "
+            f"{fmt(r.get('decode_s'), '.1f')} | {r['startup_s']:.0f} | "
+            f"{r['loadavg_1m'][0]:.1f}→{r['loadavg_1m'][1]:.1f} |")
+    return "\n".join(lines)
+
+
+def source_state() -> dict:
+    """Which oilbird code ran: the commit and a digest of the uncommitted changes under src/."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True,
+                                  timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    diff = git("diff", "HEAD", "--", "src")
+    untracked = git("ls-files", "--others", "--exclude-standard", "--", "src").split()
+    digest = hashlib.sha256(diff.encode())
+    for name in sorted(untracked):
+        digest.update(name.encode() + (root / name).read_bytes())
+    return dict(commit=git("rev-parse", "HEAD").strip(), src_changes_sha256=digest.hexdigest()[:16],
+                src_files_changed=git("diff", "HEAD", "--name-only", "--", "src").split() + untracked)
+
+
+def environment(args, env: dict, isolation: str) -> dict:
+    import platform
+
+    import torch
+    import vllm
+
+    try:
+        import arctic_inference  # noqa: F401
+        arctic = "importable"
+    except ImportError as error:
+        arctic = f"not importable: {error}"
+    return dict(python=platform.python_version(), vllm=vllm.__version__, torch=torch.__version__,
+                source=source_state(),
+                cpus=os.cpu_count(), allowed_cpus=sorted(os.sched_getaffinity(0)),
+                processor=platform.processor() or platform.machine(), env=env,
+                arctic_inference=arctic, isolation=isolation,
+                time=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    env = setup_env(args)
+    if args.child:  # process isolation: one method, result back through the io file
+        io = Path(args.child_io)
+        data = json.loads(io.read_text())
+        record = run_method(args.child, data["source"], data["reqs"], data["warm"], args)
+        record["env"] = dict(env, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
+        io.write_text(json.dumps(record))
+        return 0
+
+    from tqdm import tqdm
+
+    source, reqs, warm = load_workload(args)
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    elif args.isolation == "process":
+        import tempfile
+
+        out_dir = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
+    settings = dict(workload=args.workload, requests=len(reqs), limit=args.limit,
+                    max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens, num_spec=args.num_spec,
+                    ngram_min=args.ngram_min, ngram_max=args.ngram_max, node_budget=args.node_budget,
+                    threads=args.threads, bind=os.environ["VLLM_CPU_OMP_THREADS_BIND"], iomp=args.iomp,
+                    numba_threading_layer=args.numba_threading_layer,
+                    prefix_caching=not args.no_prefix_caching, enforce_eager=not args.compile,
+                    warmup=args.warmup, tenant=TENANT, model=source, dtype="float32",
+                    temperature=0.0, prompt_tokens=sum(len(r["prompt_ids"]) for r in reqs))
+    isolation = ("each method an LLM of its own, one after the other in this one process"
+                 if args.isolation == "inproc" else
+                 "each method in a fresh subprocess of this script, back to back")
+    print(f"vllm_bench: {settings['requests']} requests ({args.workload}), max_num_seqs "
+          f"{args.max_num_seqs}, threads {args.threads} (VLLM_CPU_OMP_THREADS_BIND="
+          f"{settings['bind']}), methods {', '.join(args.method_list)}; {isolation}", flush=True)
+    records, base = [], None
+    bar = tqdm(args.method_list, desc="vllm_bench", unit="method", file=sys.stderr)
+    for method in bar:
+        bar.set_postfix_str(method)
+        if args.isolation == "process":
+            record = run_child(method, source, reqs, warm, args, out_dir)
+        else:
+            record = run_method(method, source, reqs, warm, args)
+        if method == "none":
+            base = record
+        compare(record, base)
+        record["settings"] = settings
+        records.append(record)
+        if record.get("ok"):
+            tqdm.write(f"  {method}: {record['tokens_per_s']:.1f} tok/s, acceptance "
+                       f"{fmt(record['acceptance'], '.3f')}, identical "
+                       f"{record.get('identical', '—')}/{len(record['outputs'])}", file=sys.stderr)
+        else:
+            tqdm.write(f"  {method}: FAILED {record.get('error')}", file=sys.stderr)
+        if out_dir is not None:
+            (out_dir / f"{method}.json").write_text(json.dumps(record, indent=1) + "\n")
+    bar.close()
+    text = table(records, base)
+    envinfo = environment(args, env, isolation)
+    title = (f"vLLM {envinfo['vllm']} in-engine, API-Bank {args.workload} ({len(reqs)} requests), "
+             f"max_num_seqs {args.max_num_seqs}, max_tokens {args.max_tokens}, K={args.num_spec}, "
+             f"threads {args.threads} (bind {settings['bind']}{', libiomp5 preloaded' if args.iomp else ''}, "
+             f"numba layer {args.numba_threading_layer}), "
+             f"float32, greedy; {isolation}")
+    notes = [f"- {r['method']}: {r.get('error')}" for r in records if not r.get("ok")]
+    if "suffix" in args.method_list and envinfo["arctic_inference"] != "importable":
+        notes.append(f"- suffix: arctic-inference {envinfo['arctic_inference']}")
+    markdown = f"{title}\n\n{text}\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
+    print("\n" + markdown, flush=True)
+    if out_dir is not None:
+        (out_dir / "table.md").write_text(markdown)
+        summary = dict(settings=settings, environment=envinfo, table=markdown,
+                       rows=[{k: v for k, v in r.items() if k not in ("outputs", "settings")}
+                             for r in records])
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # required: vLLM spawns processes that re-import this module
+    sys.exit(main())
