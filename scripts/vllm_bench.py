@@ -11,7 +11,8 @@ the same engine settings; only `speculative_config` (and, for ours, the worker c
   suffix        vLLM's SuffixDecoding    {"method": "suffix", ...}; needs arctic-inference
   <ours>        any method of our registry (`oilbird list`): oilbird, oilbird-pld, sam, goose, ...
                 {"method": "custom_class", "model": "oilbird.integrations.vllm.OilbirdProposer"},
-                worker_cls OilbirdCPUWorker, additional_config {"oilbird": {"method": <ours>}}
+                worker_cls OilbirdCPUWorker (OilbirdGPUWorker with --device cuda),
+                additional_config {"oilbird": {"method": <ours>}}
 
 A vLLM `LLM` holds one speculative config, so each method is its own `LLM`, built, warmed up,
 timed and shut down in turn (`--isolation process`: each in a fresh subprocess of this script
@@ -35,17 +36,26 @@ Workloads (`--workload`):
   stream  the 100-request API-Bank stream: 25 per file, the four files in stream order
 `--limit N` keeps the first N requests of the workload (smoke tests).
 
-Threads: `--threads N` sets vLLM's CPU OpenMP binding VLLM_CPU_OMP_THREADS_BIND to the first N
-allowed CPUs (vLLM then sets OMP_NUM_THREADS=N and the affinity in its worker) and torch's threads
-in this process. `--bind` overrides the binding string as vLLM takes it ('auto' reserves one core
-for vLLM's scheduler process; 'nobind' leaves OpenMP alone). `--iomp` puts the venv's Intel OpenMP
-(lib/libiomp5.so) in LD_PRELOAD, the set-up vLLM's warning asks for ("Speculative decoding on CPU
-without Intel OpenMP in LD_PRELOAD will cause significant performance loss").
-vLLM's ngram proposer runs numba `parallel=True` code and calls numba's set_num_threads around it;
-with numba's OpenMP threading layer (its default here) that leaves the calling thread -- the
-worker's, which also runs the model -- at ONE OpenMP thread (torch.get_num_threads() 2 -> 1), so
-the ngram row would run the model single-threaded while every other row runs --threads. The
+Device: `--device cpu` (the default; vLLM's CPU build) or `--device cuda` (vLLM's CUDA build, one
+GPU: our methods then use worker_cls OilbirdGPUWorker, LLM(...) gets `--gpu-memory-utilization`,
+default 0.5, and the device name -- torch.cuda.get_device_name() -- goes into the settings and the
+title). `--dtype` defaults to float32 on cpu and bfloat16 on cuda. Device and dtype are part of
+the settings that `--resume` compares (a record without a device is a cpu one).
+
+Threads (--device cpu): `--threads N` sets vLLM's CPU OpenMP binding VLLM_CPU_OMP_THREADS_BIND to
+the first N allowed CPUs (vLLM then sets OMP_NUM_THREADS=N and the affinity in its worker) and
+torch's threads in this process. `--bind` overrides the binding string as vLLM takes it ('auto'
+reserves one core for vLLM's scheduler process; 'nobind' leaves OpenMP alone). `--iomp` puts the
+venv's Intel OpenMP (lib/libiomp5.so) in LD_PRELOAD, the set-up vLLM's warning asks for
+("Speculative decoding on CPU without Intel OpenMP in LD_PRELOAD will cause significant performance
+loss"). vLLM's ngram proposer runs numba `parallel=True` code and calls numba's set_num_threads
+around it; with numba's OpenMP threading layer (its default here) that leaves the calling thread --
+the worker's, which also runs the model -- at ONE OpenMP thread (torch.get_num_threads() 2 -> 1),
+so the ngram row would run the model single-threaded while every other row runs --threads. The
 script therefore sets NUMBA_THREADING_LAYER=workqueue (`--numba-threading-layer omp`: as shipped).
+With --device cuda none of vLLM's CPU settings is made (no VLLM_CPU_KVCACHE_SPACE, no
+VLLM_CPU_OMP_THREADS_BIND, no LD_PRELOAD; --bind, --iomp and --kv-space are refused); --threads
+then only sets torch's threads in this process, and NUMBA_THREADING_LAYER is set as on cpu.
 
 Output: the table on stdout; under --out DIR one JSON per method (`<method>.json`: settings,
 numbers, counters, output ids per request), `summary.json` and `table.md`.
@@ -55,6 +65,8 @@ Usage (vLLM lives in its own venv; `make vllm` builds .venv-vllm):
       --workload slice --max-num-seqs 1 --threads 2 --out out/vllm-bench-slice-seqs1
   .venv-vllm/bin/python scripts/vllm_bench.py --limit 4 --out /tmp/smoke          # smoke test
   .venv-vllm/bin/python scripts/vllm_bench.py --methods none,ngram,sam --workload stream --max-num-seqs 8
+  python scripts/vllm_bench.py --device cuda --max-num-seqs 8 --out out/gpu     # vLLM's CUDA build
+(scripts/gpu_vllm_check.sh runs the slice on one GPU at max_num_seqs 1 and 8.)
 """
 
 from __future__ import annotations
@@ -95,8 +107,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ngram-min", type=int, default=None,
                    help="ngram's prompt_lookup_min (default: vLLM's, 5 when neither is given)")
     p.add_argument("--ngram-max", type=int, default=None, help="ngram's prompt_lookup_max")
-    p.add_argument("--node-budget", type=int, default=64, help="our drafters' tree budget per step")
-    p.add_argument("--threads", type=int, default=2, help="OpenMP threads of vLLM's CPU worker")
+    p.add_argument("--node-budget", type=int, default=None,
+                   help="our drafters' tree budget per step (default: EngineDrafterConfig's)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="another EngineDrafterConfig field for our methods, e.g. min_reach=0.2 (repeatable)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: vLLM's CPU build (default); cuda: vLLM's CUDA build on one GPU")
+    p.add_argument("--dtype", default=None,
+                   help="the model's dtype in vLLM (default: float32 on cpu, bfloat16 on cuda)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                   help="LLM(gpu_memory_utilization=...) with --device cuda (default 0.5)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="OpenMP threads of vLLM's CPU worker (cuda: torch's threads in this process)")
     p.add_argument("--bind", default=None,
                    help="VLLM_CPU_OMP_THREADS_BIND as vLLM takes it (overrides --threads' binding)")
     p.add_argument("--iomp", action="store_true", help="LD_PRELOAD the venv's libiomp5.so")
@@ -117,9 +139,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="oilbird model spec (default: oilbird's default)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default=None, help="directory for <method>.json, summary.json, table.md")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse <method>.json already in --out from a run with the same settings "
+                        "(a run that was killed goes on where it stopped)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # process isolation: a method
     p.add_argument("--child-io", default=None, help=argparse.SUPPRESS)  # its inputs/result file
     args = p.parse_args(argv)
+    if args.device == "cuda":
+        given = (("--bind", args.bind), ("--iomp", args.iomp), ("--kv-space", args.kv_space))
+        cpu_only = [option for option, value in given if value not in (None, False)]
+        if cpu_only:
+            p.error(f"{', '.join(cpu_only)}: vLLM CPU settings, not for --device cuda")
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.device == "cuda" else "float32"
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     args.method_list = ["none"] + [m for m in dict.fromkeys(methods) if m != "none"]
     return args
@@ -127,6 +159,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def setup_env(args) -> dict:
     """The environment vLLM reads (set before vLLM is imported); what was used, for the record."""
+    if args.device == "cuda":  # none of vLLM's CPU settings; numba's layer for ngram as on cpu
+        if args.numba_threading_layer:
+            os.environ["NUMBA_THREADING_LAYER"] = args.numba_threading_layer
+        import torch
+
+        torch.set_num_threads(args.threads)
+        keys = ("CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "OMP_NUM_THREADS", "NUMBA_THREADING_LAYER")
+        return {k: os.environ.get(k) for k in keys}
     if args.kv_space is not None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_space)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -201,8 +241,21 @@ def engine_kwargs(method: str, args) -> dict:
     return {"async_scheduling": False, "speculative_config": {"method": "custom_class",
                                    "model": "oilbird.integrations.vllm.OilbirdProposer",
                                    "num_speculative_tokens": args.num_spec},
-            "worker_cls": "oilbird.integrations.vllm.OilbirdCPUWorker",
-            "additional_config": {"oilbird": {"method": method, "node_budget": args.node_budget}}}
+            "worker_cls": ("oilbird.integrations.vllm.OilbirdGPUWorker" if args.device == "cuda"
+                           else "oilbird.integrations.vllm.OilbirdCPUWorker"),
+            "additional_config": {"oilbird": oilbird_options(method, args)}}
+
+
+def oilbird_options(method: str, args) -> dict:
+    """additional_config["oilbird"] for one of our methods: the method, --node-budget, --set."""
+    from oilbird.integrations.vllm.config import EngineDrafterConfig
+    from oilbird.methods import override
+
+    items = dict(item.partition("=")[::2] for item in args.set)
+    if args.node_budget is not None:
+        items["node_budget"] = str(args.node_budget)
+    config = override(EngineDrafterConfig(method=method), items, "--set")  # fails here, not in vLLM
+    return {k: v for k, v in vars(config).items() if k in items or k == "method"}
 
 
 def counters(llm) -> dict:
@@ -250,10 +303,12 @@ def run_method(method: str, source: str, reqs: list[dict], warm: list[int], args
         max_len = args.max_model_len or -(-(longest + args.max_tokens + args.num_spec + 8) // 256) * 256
         record["max_model_len"] = max_len
         t0 = time.perf_counter()
-        llm = LLM(model=source, dtype="float32", max_model_len=max_len,
+        device_kwargs = ({"gpu_memory_utilization": args.gpu_memory_utilization}
+                         if args.device == "cuda" else {})
+        llm = LLM(model=source, dtype=args.dtype, max_model_len=max_len,
                   max_num_seqs=args.max_num_seqs, enforce_eager=not args.compile,
                   enable_prefix_caching=not args.no_prefix_caching, disable_log_stats=False,
-                  seed=0, **engine_kwargs(method, args))
+                  seed=0, **device_kwargs, **engine_kwargs(method, args))
         record["startup_s"] = time.perf_counter() - t0
         record["engine_env"] = engine_env()
 
@@ -326,6 +381,21 @@ def run_child(method: str, source: str, reqs: list[dict], warm: list[int], args,
     return record
 
 
+def resumable(out_dir: Path | None, method: str, settings: dict) -> dict | None:
+    """`--resume`: the method's finished record from an earlier run with these settings, if any."""
+    path = out_dir / f"{method}.json" if out_dir is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    old = record.get("settings")
+    if isinstance(old, dict) and "device" not in old:  # written before --device: a cpu run
+        old = dict(old, device="cpu")
+    return record if record.get("ok") and old == settings else None
+
+
 def compare(record: dict, base: dict | None) -> None:
     """Fill `identical`/`differing`/`first_diff` against the `none` run."""
     if not record.get("ok") or base is None or not base.get("ok"):
@@ -389,7 +459,20 @@ def source_state() -> dict:
                 src_files_changed=git("diff", "HEAD", "--name-only", "--", "src").split() + untracked)
 
 
-def environment(args, env: dict, isolation: str) -> dict:
+def cuda_device_name() -> str:
+    """torch.cuda.get_device_name() of the GPU vLLM will use, asked in a subprocess so that this
+    process does not initialise CUDA before vLLM starts its engine processes."""
+    code = ("import torch, sys\n"
+            "if not torch.cuda.is_available(): sys.exit('torch.cuda.is_available() is False')\n"
+            "print(torch.cuda.get_device_name())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"--device cuda: no CUDA device: {(done.stderr or done.stdout).strip()[-500:]}")
+    lines = done.stdout.strip().splitlines()
+    return lines[-1] if lines else "unknown CUDA device"
+
+
+def environment(args, env: dict, isolation: str, device_name: str | None = None) -> dict:
     import platform
 
     import torch
@@ -400,8 +483,12 @@ def environment(args, env: dict, isolation: str) -> dict:
         arctic = "importable"
     except ImportError as error:
         arctic = f"not importable: {error}"
+    device = dict(device=args.device, dtype=args.dtype)
+    if args.device == "cuda":
+        device.update(device_name=device_name, cuda=torch.version.cuda,
+                      gpu_memory_utilization=args.gpu_memory_utilization)
     return dict(python=platform.python_version(), vllm=vllm.__version__, torch=torch.__version__,
-                source=source_state(),
+                **device, source=source_state(),
                 cpus=os.cpu_count(), allowed_cpus=sorted(os.sched_getaffinity(0)),
                 processor=platform.processor() or platform.machine(), env=env,
                 arctic_inference=arctic, isolation=isolation,
@@ -421,6 +508,7 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
+    device_name = cuda_device_name() if args.device == "cuda" else None
     source, reqs, warm = load_workload(args)
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
@@ -431,23 +519,32 @@ def main(argv=None) -> int:
         out_dir = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     settings = dict(workload=args.workload, requests=len(reqs), limit=args.limit,
                     max_num_seqs=args.max_num_seqs, max_tokens=args.max_tokens, num_spec=args.num_spec,
-                    ngram_min=args.ngram_min, ngram_max=args.ngram_max, node_budget=args.node_budget,
-                    threads=args.threads, bind=os.environ["VLLM_CPU_OMP_THREADS_BIND"], iomp=args.iomp,
+                    ngram_min=args.ngram_min, ngram_max=args.ngram_max, node_budget=args.node_budget, oilbird_set=args.set,
+                    threads=args.threads, bind=os.environ["VLLM_CPU_OMP_THREADS_BIND"] if args.device == "cpu" else None,
+                    iomp=args.iomp,
                     numba_threading_layer=args.numba_threading_layer,
                     prefix_caching=not args.no_prefix_caching, enforce_eager=not args.compile,
-                    warmup=args.warmup, tenant=TENANT, model=source, dtype="float32",
-                    temperature=0.0, prompt_tokens=sum(len(r["prompt_ids"]) for r in reqs))
+                    warmup=args.warmup, tenant=TENANT, model=source, dtype=args.dtype,
+                    temperature=0.0, prompt_tokens=sum(len(r["prompt_ids"]) for r in reqs),
+                    device=args.device)
+    if args.device == "cuda":
+        settings.update(device_name=device_name, gpu_memory_utilization=args.gpu_memory_utilization)
     isolation = ("each method an LLM of its own, one after the other in this one process"
                  if args.isolation == "inproc" else
                  "each method in a fresh subprocess of this script, back to back")
+    where = (f"threads {args.threads} (VLLM_CPU_OMP_THREADS_BIND={settings['bind']})"
+             if args.device == "cpu" else f"cuda ({device_name}), {args.dtype}")
     print(f"vllm_bench: {settings['requests']} requests ({args.workload}), max_num_seqs "
-          f"{args.max_num_seqs}, threads {args.threads} (VLLM_CPU_OMP_THREADS_BIND="
-          f"{settings['bind']}), methods {', '.join(args.method_list)}; {isolation}", flush=True)
+          f"{args.max_num_seqs}, {where}, methods {', '.join(args.method_list)}; {isolation}", flush=True)
     records, base = [], None
     bar = tqdm(args.method_list, desc="vllm_bench", unit="method", file=sys.stderr)
     for method in bar:
         bar.set_postfix_str(method)
-        if args.isolation == "process":
+        previous = resumable(out_dir, method, settings) if args.resume else None
+        if previous is not None:
+            record = previous
+            record["resumed"] = True
+        elif args.isolation == "process":
             record = run_child(method, source, reqs, warm, args, out_dir)
         else:
             record = run_method(method, source, reqs, warm, args)
@@ -466,13 +563,21 @@ def main(argv=None) -> int:
             (out_dir / f"{method}.json").write_text(json.dumps(record, indent=1) + "\n")
     bar.close()
     text = table(records, base)
-    envinfo = environment(args, env, isolation)
+    envinfo = environment(args, env, isolation, device_name)
+    if args.device == "cpu":
+        where = (f"cpu, threads {args.threads} (bind {settings['bind']}"
+                 f"{', libiomp5 preloaded' if args.iomp else ''}, numba layer {args.numba_threading_layer})")
+    else:
+        where = (f"cuda {device_name} (gpu_memory_utilization {args.gpu_memory_utilization}, "
+                 f"numba layer {args.numba_threading_layer})")
     title = (f"vLLM {envinfo['vllm']} in-engine, API-Bank {args.workload} ({len(reqs)} requests), "
              f"max_num_seqs {args.max_num_seqs}, max_tokens {args.max_tokens}, K={args.num_spec}, "
-             f"threads {args.threads} (bind {settings['bind']}{', libiomp5 preloaded' if args.iomp else ''}, "
-             f"numba layer {args.numba_threading_layer}), "
-             f"float32, greedy; {isolation}")
+             f"{where}, {args.dtype}, greedy; {isolation}")
     notes = [f"- {r['method']}: {r.get('error')}" for r in records if not r.get("ok")]
+    resumed = [r["method"] for r in records if r.get("resumed")]
+    if resumed:
+        notes.append(f"- measured by an earlier, interrupted run with the same settings (--resume): "
+                     f"{', '.join(resumed)}")
     if "suffix" in args.method_list and envinfo["arctic_inference"] != "importable":
         notes.append(f"- suffix: arctic-inference {envinfo['arctic_inference']}")
     markdown = f"{title}\n\n{text}\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")

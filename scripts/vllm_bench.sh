@@ -20,10 +20,16 @@ mkdir -p out
 
 run() {  # name, then arguments for vllm_bench.py
     local name=$1; shift
-    echo "== $name: $*"
-    "$VENV/bin/python" scripts/vllm_bench.py "$@" --threads "$THREADS" ${BENCH_ARGS:-} \
-        --out "out/vllm-bench-$name$SUFFIX" > "out/vllm-bench-$name$SUFFIX.log" 2>&1
-    echo "   rc=$? -> out/vllm-bench-$name$SUFFIX/table.md"
+    local dir="out/vllm-bench-$name$SUFFIX" try
+    rm -f "$dir/table.md"
+    # Killed runs (this machine is shared) go on where they stopped: --resume keeps finished methods.
+    for try in 1 2 3 4 5; do
+        echo "== $name (try $try): $*"
+        "$VENV/bin/python" scripts/vllm_bench.py "$@" --threads "$THREADS" ${BENCH_ARGS:-} --resume \
+            --out "$dir" >> "$dir.log" 2>&1
+        echo "   rc=$? -> $dir/table.md"
+        [ -f "$dir/table.md" ] && break
+    done
     sed -n '/^| method/,$p' "out/vllm-bench-$name$SUFFIX/table.md" 2>/dev/null
 }
 

@@ -240,3 +240,24 @@ def test_interleaved_requests_propose_what_they_would_alone():
             got[rid].append((tree.tokens, tree.parents, tree.sources, tree.scores))
     assert got == expected
     assert any(len(tokens) > 1 for tokens, *_ in expected["a"])  # the trees are not trivial
+
+
+def test_pool_spine_drafts_from_the_tenants_past_requests():
+    earlier, prompt = [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 2, 3]
+    spines = {}
+    for spine in ("context", "pool"):
+        goose = make_drafter("goose", GooseConfig(spine=spine, harvest_prefill=False))
+        goose.start_request("old", earlier, "t")
+        goose.stop_request("old")  # joins the tenant's pool
+        goose.start_request("new", prompt, "t")
+        tree = goose.propose("new", 20)
+        spines[spine] = [tree.tokens[n] for n in goose.state("new").spine_nodes]
+        goose.start_request("other", prompt, "u")  # another tenant sees none of it
+        assert goose.propose("other", 20).tokens == [3]
+    assert spines["context"] == []  # the request's own text has no earlier "2 3"
+    assert spines["pool"] == [4, 5, 6, 7, 8]  # what followed "2 3" in the earlier request
+
+
+def test_pool_spine_rejects_unknown_spines():
+    with pytest.raises(ValueError, match="spine"):
+        GooseConfig(spine="trie")

@@ -36,6 +36,10 @@ def test_vllm_gets_our_proposer_worker_and_config_and_the_users_options_last():
     assert opts["--served-model-name"] == "smollm2-135m" and argv[-2:] == ["--max-num-seqs", "8"]
     gpu = vllm_argv(parse("--dtype", "bfloat16"), drafter_config(args), "/m", on_cpu=False)
     assert "oilbird.integrations.vllm.OilbirdGPUWorker" in gpu and gpu.count("--dtype") == 1
+    # SIGTERM drains and lets the workers snapshot, unless the user chose otherwise.
+    assert opts["--shutdown-timeout"] == "30"
+    own = vllm_argv(parse("--shutdown-timeout=5"), drafter_config(args), "/m", on_cpu=True)
+    assert not any(a == "--shutdown-timeout" for a in own) and "--shutdown-timeout=5" in own
 
 
 @pytest.mark.parametrize("argv, message", [

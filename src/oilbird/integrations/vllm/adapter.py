@@ -26,6 +26,7 @@ import torch
 from oilbird.drafters.base import Drafter
 from oilbird.drafters.registry import drafter_class
 from oilbird.errors import ConfigError
+from oilbird.integrations.vllm.chain_policy import ChainCalibrator
 from oilbird.integrations.vllm.config import EngineDrafterConfig
 from oilbird.tree import DraftTree
 from oilbird.verifier import Verification
@@ -99,7 +100,11 @@ class EngineDrafter:
     proposed: dict[str, DraftTree] = field(default_factory=dict)
     """request id -> the chain last proposed (its nodes keep their sources, for attribution)."""
     lengths: dict[str, int] = field(default_factory=dict)
-    """request id -> its next draft length (with `adaptive_length`)."""
+    """request id -> its next draft length (length_policy 'adaptive')."""
+    calibrators: dict[str, ChainCalibrator] = field(default_factory=dict)
+    """tenant -> its acceptance estimates (length_policy 'calibrated')."""
+    chain_keys: dict[str, list[tuple]] = field(default_factory=dict)
+    """request id -> the calibration keys of the chain last proposed."""
     prompt_lens: dict[str, int] = field(default_factory=dict)
     """request id -> its prompt's length, for every request in flight."""
 
@@ -137,11 +142,12 @@ class EngineDrafter:
         """Stop a request (it joins its tenant's pools); None if it never committed a token."""
         self.proposed.pop(request_id, None)
         self.lengths.pop(request_id, None)
+        self.chain_keys.pop(request_id, None)
         prompt_len = self.prompt_lens.pop(request_id, 0)
         state = self.drafter.stop_request(request_id)
         if state is None:
             return None
-        self._tenant(state.tenant).requests += 1
+        self.tenant_stats(state.tenant).requests += 1
         return FinishedRequest(request_id, state.tenant, state.sequence[:prompt_len],
                                state.sequence[prompt_len:])
 
@@ -159,10 +165,13 @@ class EngineDrafter:
         if accepted > len(drafts) or request.committed[:accepted] != drafts[:accepted]:
             raise ConfigError(f"request {rid!r}: committed {request.committed} does not extend "
                               f"the verified drafts {drafts}; the engine's step is inconsistent")
+        keys = self.chain_keys.pop(rid, None)
+        if keys is not None and drafts:
+            self._calibrator(request.tenant).update(keys[:len(drafts)], accepted)
         committed = self._kept(request)
         if committed:  # else the request is over (max_tokens reached): nothing to harvest
             drafter.observe(rid, self._verification(request, tree, committed, min(accepted, len(committed))))
-        stats = self._tenant(request.tenant)
+        stats = self.tenant_stats(request.tenant)
         stats.forwards += 1
         stats.committed += len(committed)
         stats.drafted += len(drafts)
@@ -186,7 +195,7 @@ class EngineDrafter:
         so after a partial acceptance the next chain is cut to what was accepted plus one, and it
         grows by two after a full acceptance (the schedule of transformers' assisted decoding).
         """
-        if not self.config.adaptive_length or max_drafts < 1:
+        if self.config.length_policy != "adaptive" or max_drafts < 1:
             return max_drafts
         previous = self.lengths.get(request.request_id)
         if previous is None or not request.drafts:
@@ -228,11 +237,21 @@ class EngineDrafter:
         if max_drafts < 1:
             return []
         tree = self.drafter.propose(request_id, self.config.node_budget).truncated(self.config.node_budget)
-        path = tree.best_path(max_drafts)
+        if self.config.length_policy == "calibrated":
+            tenant = self.drafter.requests[request_id].tenant
+            path, self.chain_keys[request_id] = self._calibrator(tenant).choose(
+                tree, max_drafts, self.config.min_reach)
+        else:
+            path = tree.best_path(max_drafts)
         self.drafter.restrict_proposal(request_id, path)
         chain = tree.chain_along(path)
         self.proposed[request_id] = chain
         return chain.tokens[1:]
 
-    def _tenant(self, tenant: str) -> TenantStats:
+    def _calibrator(self, tenant: str) -> ChainCalibrator:
+        return self.calibrators.setdefault(tenant, ChainCalibrator())
+
+    def tenant_stats(self, tenant: str) -> TenantStats:
+        """The tenant's counters (created at zero for a tenant not seen yet)."""
         return self.stats.setdefault(tenant, TenantStats())
+

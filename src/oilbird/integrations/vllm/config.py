@@ -18,6 +18,7 @@ from oilbird.errors import ConfigError
 
 ADDITIONAL_CONFIG_KEY = "oilbird"
 TENANT_ARG = "oilbird_tenant"
+LENGTH_POLICIES = ("calibrated", "adaptive", "fixed")
 """The key of `SamplingParams.extra_args` (OpenAI body: `vllm_xargs`) naming a request's tenant."""
 
 
@@ -32,9 +33,17 @@ class EngineDrafterConfig:
     """Nodes of the tree the drafter builds each step; its best path (at most vLLM's
     num_speculative_tokens) is proposed. Smaller than our engine's 64: only one path is verified,
     and the drafter's time is paid on every step."""
-    adaptive_length: bool = True
-    """Adapt each request's draft length to its acceptance: +2 after a step that accepted every
-    draft, down to what was accepted + 1 otherwise (between 1 and num_speculative_tokens)."""
+    length_policy: str = "calibrated"
+    """Which chain of the tree is proposed and how long (at most num_speculative_tokens):
+    'calibrated': the chain most likely accepted by the tenant's online acceptance estimates per
+    source, depth and score, cut where its probability of being reached falls below `min_reach`
+    (oilbird/integrations/vllm/chain_policy.py); 'adaptive': the best-scored path, its length +2
+    after a step that accepted every draft, else what was accepted + 1; 'fixed': the best-scored
+    path at full length."""
+    min_reach: float = 0.1
+    """'calibrated': the least probability of being reached for a proposed draft token. A draft
+    token costs verification compute whether accepted or not; about the cost of one draft token
+    over the cost of a step (0.05 to 0.1 on a CPU, lower on a GPU)."""
     topk: int = 8
     """Target top-k kept per verified position for drafters that learn from it (GOOSE, TR)."""
     state_dir: str | None = None
@@ -48,6 +57,10 @@ class EngineDrafterConfig:
                               "draft length is vLLM's num_speculative_tokens; drop '+fly' and '@...'")
         if self.node_budget < 2:
             raise ConfigError(f"node_budget must be >= 2 (the anchor and one draft), got {self.node_budget}")
+        if self.length_policy not in LENGTH_POLICIES:
+            raise ConfigError(f"length_policy must be one of {LENGTH_POLICIES}, got {self.length_policy!r}")
+        if not 0.0 <= self.min_reach <= 1.0:
+            raise ConfigError(f"min_reach must be in [0, 1], got {self.min_reach}")
         if self.topk < 1:
             raise ConfigError(f"topk must be >= 1, got {self.topk}")
         if self.snapshot_every < 1:

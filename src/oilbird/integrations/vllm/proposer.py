@@ -9,6 +9,7 @@ just before, through `set_batch`; the runner also reports finished requests thro
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from oilbird.errors import ConfigError
@@ -41,9 +42,13 @@ class OilbirdProposer:
 
             self.pool_state = PoolState(Path(self.config.state_dir), self.engine.drafter,
                                         self.config.snapshot_every)
-            self.pool_state.restore()
-            self.listeners.append(
-                lambda done: self.pool_state.record(done.tenant, done.prompt_ids, done.output_ids))
+            for tenant in self.pool_state.restore():  # restored tenants show in the metrics at once
+                self.engine.tenant_stats(tenant)
+            self.listeners.append(self._log)
+
+    def _log(self, done) -> None:
+        if self.pool_state is not None:  # None once closed: requests aborted at shutdown go unlogged
+            self.pool_state.record(done.tenant, done.prompt_ids, done.output_ids)
 
     def load_model(self, target_model) -> None:
         """vLLM's hook to give drafters the target model; ours need none of its weights."""
@@ -71,6 +76,21 @@ class OilbirdProposer:
         """Write the pools' snapshot now (no-op without a state dir)."""
         if self.pool_state is not None:
             self.pool_state.snapshot()
+
+    def close(self) -> None:
+        """Snapshot the pools and close the request log (the worker's shutdown); idempotent.
+        A failed snapshot is logged, not raised: the request log still holds every finished
+        request, and the pools are rebuilt from it at the next start."""
+        if self.pool_state is None:
+            return
+        pool_state, self.pool_state = self.pool_state, None
+        try:
+            pool_state.snapshot()
+        except Exception as e:  # noqa: BLE001 - the shutdown must go on
+            print(f"oilbird: snapshot at shutdown failed ({type(e).__name__}: {e}); the request "
+                  "log keeps every finished request", file=sys.stderr)
+        finally:
+            pool_state.close()
 
     def stats(self) -> dict[str, dict[str, float]]:
         """Per tenant: the drafting counters (`TenantStats` fields) and `pool_bytes`."""

@@ -121,10 +121,19 @@ class OilbirdWorkerMixin:
         return proposer.stats() if proposer is not None else {}
 
     def oilbird_snapshot(self) -> None:
-        """Snapshot the pools now (the server calls this when it stops)."""
+        """Snapshot the pools now (an RPC: `engine.collective_rpc("oilbird_snapshot")`)."""
         proposer = self._oilbird_proposer()
         if proposer is not None:
             proposer.snapshot()
+
+    def shutdown(self) -> None:
+        """Snapshot the pools, then let vLLM tear the worker down. vLLM calls this in the worker's
+        own process however the engine stops (SIGTERM to the server or to the whole process
+        group, Ctrl-C, `LLM` shutdown), so no RPC has to reach a worker that is already stopping."""
+        proposer = self._oilbird_proposer()
+        if proposer is not None:
+            proposer.close()
+        super().shutdown()
 
 
 def expand_batch_values(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):

@@ -6,7 +6,7 @@ This builds the app from vLLM's own launcher functions, as `vllm serve` does
 keys in `app.state`) and, through FastAPI's public API, a route
 `/oilbird/metrics` with per-tenant drafting counters and pool bytes, read from the workers by
 vLLM's collective RPC (`OilbirdWorkerMixin.oilbird_stats`). When the server stops (SIGTERM,
-Ctrl-C) the workers are asked to snapshot their pools before the engine goes down.
+Ctrl-C) each worker snapshots its pools as vLLM shuts it down (`OilbirdWorkerMixin.shutdown`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ async def run(args: argparse.Namespace, keys: dict[str, str] | None) -> None:
             shutdown = await serve_http(app, sock=sock, host=args.host, port=args.port,
                                         log_level=args.uvicorn_log_level,
                                         access_log=not args.disable_uvicorn_access_log)
-            await _snapshot(engine)
         await shutdown
     finally:
         sock.close()
@@ -53,11 +52,3 @@ def _add_metrics_route(app: FastAPI, engine) -> None:
         return PlainTextResponse(prometheus_text([s for s in stats if s]),
                                  media_type="text/plain; version=0.0.4")
     app.add_api_route("/oilbird/metrics", oilbird_metrics, methods=["GET"])
-
-
-async def _snapshot(engine) -> None:
-    try:
-        await engine.collective_rpc("oilbird_snapshot", timeout=120)
-    except Exception as e:  # noqa: BLE001 - a failed snapshot must not hide the shutdown
-        log.warning("Oilbird: snapshot at shutdown failed (%s); the request log still holds every "
-                    "finished request, and pools are rebuilt from it", e)

@@ -1,0 +1,158 @@
+"""What a drafter gets in a chain-verifying engine (vLLM), replayed on our own engine in seconds.
+
+vLLM verifies one draft chain per request and step. This script drives the very adapter vLLM's
+proposer uses (`EngineDrafter`, oilbird/integrations/vllm/adapter.py) with our engine's verifier
+in place of vLLM: each step the adapter proposes a chain, our `TreeVerifier` runs one greedy
+forward over it, and the adapter observes what vLLM would hand it (committed tokens, the hidden
+state after the final norm and the top-k at each verified position). Greedy decoding is
+deterministic, so the counters (drafts, draft tokens, accepted) are the ones vLLM reports for the
+same requests, up to the rare near-tie where vLLM's kernels and ours round differently; the
+script checks every output against `--reference` (a `scripts/vllm_bench.py` method record, e.g.
+its `none.json`) when given.
+
+Time in vLLM is estimated from a per-step cost model fitted on a vllm_bench table:
+    decode_s ~= steps * step_s + draft_tokens * draft_token_s + propose_s
+where `propose_s` is the drafter's own time measured here (the same Python runs inside vLLM).
+The defaults are this project's 2-core CPU at one thread (docs/VLLM.md).
+
+Usage:
+  .venv/bin/python scripts/chain_sim.py --methods oilbird,sam --workload slice \
+      --reference out/vllm-bench-slice-seqs1-t1/none.json
+  .venv/bin/python scripts/chain_sim.py --methods 'oilbird' --set node_budget=24 --set length_policy=fixed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from oilbird.bench import encode_requests
+from oilbird.datasets import load_dataset
+from oilbird.integrations.vllm.adapter import EngineDrafter, StepRequest
+from oilbird.integrations.vllm.config import EngineDrafterConfig
+from oilbird.methods import override
+from oilbird.models import load_model
+from oilbird.tree import DraftTree
+from oilbird.verifier import TreeVerifier, VerifierConfig
+
+WORKLOADS = {"slice": (5, 20), "stream": (25, 100)}  # as scripts/vllm_bench.py
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--methods", default="oilbird", help="comma list of method specs")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="an EngineDrafterConfig field for every method (repeatable)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="slice")
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--num-spec", type=int, default=8)
+    p.add_argument("--model", default=None)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--step-s", type=float, default=0.0233, help="cost of a step without drafts")
+    p.add_argument("--draft-token-s", type=float, default=0.0018, help="extra cost per draft token")
+    p.add_argument("--reference", default=None, help="a vllm_bench method JSON whose outputs must match")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+def engine_config(method: str, settings: list[str]) -> EngineDrafterConfig:
+    """The adapter's config: `method` with --set FIELD=VALUE overrides."""
+    return override(EngineDrafterConfig(method=method), dict(item.partition("=")[::2] for item in settings), "--set")
+
+
+def step_request(rid, prompt, tenant, drafts, ver, k, max_tokens, stop_ids) -> StepRequest:
+    return StepRequest(request_id=rid, prompt_ids=prompt, tenant=tenant, drafts=drafts,
+                       committed=list(ver.committed), hidden=ver.hidden_states[-1].float(),
+                       topk_ids=ver.topk_ids[:, :k], topk_logits=ver.topk_logits[:, :k].float(),
+                       max_output=max_tokens, stop_ids=stop_ids)
+
+
+def serve(engine: EngineDrafter, verifier: TreeVerifier, rid: str, prompt: list[int], args,
+          stop_ids: frozenset[int], counts: dict) -> list[int]:
+    """One request through the adapter, as vLLM would serve it alone (max_num_seqs 1)."""
+    state = verifier.prefill(prompt)
+    k = engine.config.topk
+    ver = verifier.verify(state, DraftTree.root(state.anchor))  # the prefill's sampled token
+    drafts: list[int] = []
+    out: list[int] = []
+    while True:
+        request = step_request(rid, prompt, "api-bank", drafts, ver, k, args.max_tokens, stop_ids)
+        t = time.perf_counter()
+        drafts = engine.step([request], args.num_spec)[0]
+        counts["propose_s"] += time.perf_counter() - t
+        kept = ver.committed[:args.max_tokens - len(out)]
+        out.extend(kept)
+        if len(out) >= args.max_tokens or ver.finished:
+            break
+        counts["steps"] += 1
+        counts["drafts"] += bool(drafts)
+        counts["draft_tokens"] += len(drafts)
+        ver = verifier.verify(state, DraftTree.chain(state.anchor, drafts, "engine"))
+        counts["accepted"] += len(ver.path)
+        if drafts:  # attribution: the sources of the chain's first node
+            chain = engine.proposed[rid]
+            key = "+".join(sorted(chain.sources[1])) or "?"
+            by = counts["by_source"].setdefault(key, [0, 0, 0])
+            by[0] += 1
+            by[1] += len(drafts)
+            by[2] += len(ver.path)
+    engine.finish(rid)
+    return out
+
+
+def run(method: str, args, loaded, verifier, prompts, reference) -> dict:
+    engine = EngineDrafter.build(engine_config(method, args.set))
+    counts = dict(steps=0, drafts=0, draft_tokens=0, accepted=0, propose_s=0.0, by_source={})
+    outputs, differing = [], []
+    for i, prompt in enumerate(tqdm(prompts, desc=method, file=sys.stderr, leave=False)):
+        out = serve(engine, verifier, f"r{i}", prompt, args, loaded.stop_ids, counts)
+        outputs.append(out)
+        if reference is not None and out != reference[i]:
+            differing.append(i)
+    tokens = sum(len(o) for o in outputs)
+    est = counts["steps"] * args.step_s + counts["draft_tokens"] * args.draft_token_s + counts["propose_s"]
+    return dict(method=method, settings=args.set, tokens=tokens, **counts,
+                tau=tokens / max(1, counts["steps"] + len(prompts)),
+                mean_acc_len=1 + counts["accepted"] / max(1, counts["drafts"]),
+                est_decode_s=est, differing=differing)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    per_category, limit = WORKLOADS[args.workload]
+    requests = load_dataset("api-bank", per_category=per_category, limit=limit)
+    if args.limit:
+        requests = requests[:args.limit]
+    loaded = load_model(args.model) if args.model else load_model()
+    prompts = encode_requests(loaded, requests)
+    verifier = TreeVerifier(loaded.model, loaded.stop_ids, VerifierConfig(top_k=10))
+    reference = None
+    if args.reference:
+        reference = [o["output_ids"] for o in json.loads(Path(args.reference).read_text())["outputs"]]
+    rows = [run(m, args, loaded, verifier, prompts, reference) for m in args.methods.split(",")]
+    print("| method | steps | drafts | draft tok | accepted | tau | mean acc len | propose ms/step "
+          "| est. decode s | differing |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['method']} | {r['steps']} | {r['drafts']} | {r['draft_tokens']} | {r['accepted']} "
+              f"| {r['tau']:.2f} | {r['mean_acc_len']:.2f} | {1e3 * r['propose_s'] / max(1, r['steps']):.2f} "
+              f"| {r['est_decode_s']:.1f} | {len(r['differing'])} |")
+    for r in rows:
+        print(r["method"], {k: f"{v[0]} steps {v[1]} tok {v[2]} acc" for k, v in r["by_source"].items()})
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

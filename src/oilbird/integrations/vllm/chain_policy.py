@@ -1,0 +1,87 @@
+"""Which chain of a draft tree a chain-verifying engine should verify, and how much of it.
+
+An engine such as vLLM verifies one chain per request and step, and every draft token it verifies
+costs compute whether or not it is accepted. The drafter's tree offers several chains (a lexical
+spine, table successors, semantic continuations), each node tagged with its sources and a score
+whose meaning differs per source. `ChainCalibrator` turns tags, depth and score into one
+currency, learnt online from what the engine accepted: the probability that a node is accepted
+given that its parent was. The chain is then walked greedily from the root to the child most
+likely accepted, and cut where the probability of reaching the next node falls below `min_reach`
+(a draft token's cost relative to a step's: a node reached with probability p saves p steps).
+
+Estimates are kept per tenant (traffic differs between tenants, and nothing one tenant's requests
+reveal should steer another's drafts) and start from an optimistic prior, so that a source is
+tried before its record can condemn it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from oilbird.tree import DraftTree
+
+MAX_DEPTH_KEY = 8
+SCORE_BINS = 4
+
+
+def node_key(tree: DraftTree, node: int) -> tuple[str, int, int]:
+    """What a node's acceptance is estimated by: its source tags, its depth, its score bin."""
+    tags = "+".join(sorted(tree.sources[node])) or "?"
+    depth = min(tree.depths[node], MAX_DEPTH_KEY)
+    score = min(SCORE_BINS, max(0, int(tree.scores[node] * SCORE_BINS)))
+    return tags, depth, score
+
+
+@dataclass
+class ChainCalibrator:
+    """Online acceptance estimates for one tenant's draft nodes, keyed by `node_key`."""
+
+    prior: float = 0.8
+    """The estimate of a key never tried: optimistic, so that a source is tried before its record
+    can condemn it."""
+    prior_weight: float = 2.0
+    """How many observations the prior counts as."""
+    counts: dict[tuple[str, int, int], list[int]] = field(default_factory=dict)
+    """key -> [times verified with its parent accepted, times accepted]."""
+
+    def p_accept(self, key: tuple[str, int, int]) -> float:
+        """P(accepted | parent accepted) for a node of this key."""
+        tried, accepted = self.counts.get(key, (0, 0))
+        return (accepted + self.prior * self.prior_weight) / (tried + self.prior_weight)
+
+    def update(self, keys: list[tuple[str, int, int]], accepted: int) -> None:
+        """A verified chain of nodes with these keys, of which the first `accepted` were accepted:
+        the nodes up to the first rejected one were tried (their parent was accepted)."""
+        for i, key in enumerate(keys[:accepted + 1]):
+            entry = self.counts.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += i < accepted
+
+    def choose(self, tree: DraftTree, max_len: int, min_reach: float) -> tuple[list[int], list[tuple]]:
+        """The chain to verify: from the root, the child whose subtree promises the most accepted
+        tokens (its estimate times one plus its best child's promise, the earliest built on a
+        tie), while the probability of reaching the next node stays at least `min_reach`.
+
+        Returns:
+            The path's node indices (root excluded, at most `max_len`) and their keys.
+        """
+        n_nodes = len(tree)
+        keys = [node_key(tree, n) if n else None for n in range(n_nodes)]
+        p = [self.p_accept(k) if k else 1.0 for k in keys]
+        best_child = [0.0] * n_nodes  # the best promise among a node's children
+        for n in range(n_nodes - 1, 0, -1):  # children come after their parents
+            value = p[n] * (1.0 + best_child[n])
+            parent = tree.parents[n]
+            best_child[parent] = max(best_child[parent], value)
+        path: list[int] = []
+        node, reach = 0, 1.0
+        while len(path) < max_len:
+            children = tree.children(node)
+            if not children:
+                break
+            node = max(children, key=lambda c: (p[c] * (1.0 + best_child[c]), -c))
+            reach *= p[node]
+            if reach < min_reach:
+                break
+            path.append(node)
+        return path, [keys[n] for n in path]

@@ -1,0 +1,85 @@
+"""The chain policy for chain-verifying engines (oilbird/integrations/vllm/chain_policy.py) on
+hand-built trees, and through the adapter; no vLLM needed."""
+
+from __future__ import annotations
+
+import torch
+
+from oilbird.integrations.vllm.adapter import EngineDrafter, StepRequest
+from oilbird.integrations.vllm.chain_policy import ChainCalibrator, node_key
+from oilbird.integrations.vllm.config import EngineDrafterConfig
+from oilbird.tree import DraftTree
+
+
+def two_branches() -> DraftTree:
+    """root 0 -> 1 (tr, alone) and root -> 2 -> 3 -> 4 (pld chain), in that build order."""
+    tree = DraftTree.root(0)
+    tree.add(0, 10, "tr", 0.9)
+    tree.add_chain(0, [20, 21, 22], "pld", [0.9] * 3)
+    return tree
+
+
+def test_an_untried_key_gets_the_prior_and_updates_count_only_tried_nodes():
+    cal = ChainCalibrator(prior=0.8, prior_weight=2.0)
+    tree = two_branches()
+    keys = [node_key(tree, n) for n in (2, 3, 4)]
+    assert cal.p_accept(keys[0]) == 0.8
+    cal.update(keys, accepted=1)  # node 2 accepted, node 3 rejected, node 4 never reached
+    assert cal.counts[keys[0]] == [1, 1] and cal.counts[keys[1]] == [1, 0]
+    assert keys[2] not in cal.counts
+    assert cal.p_accept(keys[1]) == (0 + 1.6) / 3
+
+
+def test_the_longer_promise_wins_until_its_source_proves_bad():
+    cal = ChainCalibrator()
+    tree = two_branches()
+    path, keys = cal.choose(tree, max_len=8, min_reach=0.0)
+    assert path == [2, 3, 4]  # equal estimates: the chain promises more than the single node
+    for _ in range(20):  # the pld chain is always rejected at its first node
+        cal.update(keys, accepted=0)
+    path, _ = cal.choose(tree, max_len=8, min_reach=0.0)
+    assert path == [1]
+
+
+def test_the_chain_is_cut_where_its_reach_falls_below_min_reach():
+    cal = ChainCalibrator(prior=0.5)
+    tree = two_branches()
+    assert cal.choose(tree, 8, min_reach=0.2)[0] == [2, 3]  # reach 0.5, 0.25, then 0.125
+    assert cal.choose(tree, 1, min_reach=0.0)[0] == [2]  # and never past max_len
+    assert cal.choose(tree, 8, min_reach=0.6)[0] == []  # nothing worth verifying: no drafts
+
+
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6]
+
+
+def step(rid, committed, drafts=(), tenant="t") -> StepRequest:
+    return StepRequest(rid, list(PROMPT), tenant, list(drafts), list(committed),
+                       hidden=torch.zeros(len(drafts) + 1, 4))
+
+
+def test_each_tenant_learns_from_its_own_requests_only():
+    engine = EngineDrafter.build(EngineDrafterConfig(method="pld", min_reach=0.0))
+    for i in range(15):  # tenant t: every draft rejected
+        rid = f"a{i}"
+        (proposal,) = engine.step([step(rid, [7])], max_drafts=4)
+        assert proposal
+        engine.step([step(rid, [0], drafts=proposal)], max_drafts=4)
+        engine.finish(rid)
+    t_keys = engine.calibrators["t"].counts
+    assert sum(tried for tried, _ in t_keys.values()) == 15
+    assert all(accepted == 0 for _, accepted in t_keys.values())
+    (fresh,) = engine.step([step("b", [7], tenant="u")], max_drafts=4)
+    assert fresh == [8, 5, 6, 7] and "u" in engine.calibrators and not engine.calibrators["u"].counts
+
+
+def test_a_source_that_keeps_failing_stops_drafting():
+    engine = EngineDrafter.build(EngineDrafterConfig(method="pld", min_reach=0.1))
+    proposals = []
+    for i in range(20):  # the prior 0.8 over 2 observations falls below 0.1 after 15 failures
+        rid = f"a{i}"
+        (proposal,) = engine.step([step(rid, [7])], max_drafts=4)
+        proposals.append(proposal)
+        if proposal:
+            engine.step([step(rid, [0], drafts=proposal)], max_drafts=4)
+        engine.finish(rid)
+    assert proposals[0] == [8, 5, 6, 7] and proposals[-1] == []
