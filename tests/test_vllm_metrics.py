@@ -5,7 +5,7 @@ from oilbird.integrations.vllm.metrics import prometheus_text
 
 def test_counters_are_summed_over_workers_and_rates_derived():
     workers = [{"a": {"requests": 2, "forwards": 10, "committed": 30, "drafted": 40, "accepted": 20,
-                      "pool_bytes": 100}},
+                      "pool_bytes": 100, "requests_in_flight": 2}},
                {"a": {"requests": 1, "forwards": 0, "committed": 0, "drafted": 0, "accepted": 0,
                       "pool_bytes": 5}},
                {'we"ird': {"requests": 1}}]
@@ -16,4 +16,5 @@ def test_counters_are_summed_over_workers_and_rates_derived():
     assert 'oilbird_acceptance_rate{tenant="a"} 0.5' in text
     assert 'oilbird_tau{tenant="a"} 3.0' in text
     assert 'oilbird_pool_bytes{tenant="a"} 105' in text
+    assert 'oilbird_requests_in_flight{tenant="a"} 2' in text
     assert 'tenant="we\\"ird"' in text and "# TYPE oilbird_tau gauge" in text

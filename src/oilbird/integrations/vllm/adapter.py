@@ -26,7 +26,7 @@ import torch
 from oilbird.drafters.base import Drafter
 from oilbird.drafters.registry import drafter_class
 from oilbird.errors import ConfigError
-from oilbird.integrations.vllm.chain_policy import ChainCalibrator
+from oilbird.integrations.vllm.chain_policy import ChainCalibrator, batch_min_reach
 from oilbird.integrations.vllm.config import EngineDrafterConfig
 from oilbird.tree import DraftTree
 from oilbird.verifier import Verification
@@ -129,13 +129,14 @@ class EngineDrafter:
     def step(self, batch: list[StepRequest], max_drafts: int) -> list[list[int]]:
         """Observe one engine step and propose the next drafts, one list per request of `batch`."""
         proposals = []
+        min_reach = batch_min_reach(self.config.min_reach, sum(bool(r.committed) for r in batch))
         for request in batch:
             if not request.committed:
                 proposals.append([])
                 continue
             self._observe(request)
             length = 0 if request.seeded else self._length(request, max_drafts)
-            proposals.append(self._propose(request.request_id, length))
+            proposals.append(self._propose(request.request_id, length, min_reach))
         return proposals
 
     def finish(self, request_id: str) -> FinishedRequest | None:
@@ -233,14 +234,14 @@ class EngineDrafter:
             path=list(range(1, accepted + 1)), committed=committed,
             finished=False, hidden_states=hidden)
 
-    def _propose(self, request_id: str, max_drafts: int) -> list[int]:
+    def _propose(self, request_id: str, max_drafts: int, min_reach: float) -> list[int]:
         if max_drafts < 1:
             return []
         tree = self.drafter.propose(request_id, self.config.node_budget).truncated(self.config.node_budget)
         if self.config.length_policy == "calibrated":
             tenant = self.drafter.requests[request_id].tenant
             path, self.chain_keys[request_id] = self._calibrator(tenant).choose(
-                tree, max_drafts, self.config.min_reach)
+                tree, max_drafts, min_reach)
         else:
             path = tree.best_path(max_drafts)
         self.drafter.restrict_proposal(request_id, path)

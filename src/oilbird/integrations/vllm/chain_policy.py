@@ -7,7 +7,9 @@ whose meaning differs per source. `ChainCalibrator` turns tags, depth and score 
 currency, learnt online from what the engine accepted: the probability that a node is accepted
 given that its parent was. The chain is then walked greedily from the root to the child most
 likely accepted, and cut where the probability of reaching the next node falls below `min_reach`
-(a draft token's cost relative to a step's: a node reached with probability p saves p steps).
+(a draft token's cost relative to a step's: a node reached with probability p saves p steps),
+raised with the batch (`batch_min_reach`): in a batch a draft token costs about as much as any
+other token of the forward.
 
 Estimates are kept per tenant (traffic differs between tenants, and nothing one tenant's requests
 reveal should steer another's drafts) and start from an optimistic prior, so that a source is
@@ -22,6 +24,22 @@ from oilbird.tree import DraftTree
 
 MAX_DEPTH_KEY = 8
 SCORE_BINS = 4
+MAX_BATCH_REACH = 0.5
+
+
+def batch_min_reach(min_reach: float, batch_size: int) -> float:
+    """The reach a draft token needs when `batch_size` requests share the step.
+
+    Alone, a request's step costs a whole forward and a draft token adds little to it; in a batch
+    the forward's fixed cost is shared and every token, drafted or not, costs about the same. With
+    a forward costing a + b·tokens, a draft token pays when its reach exceeds
+    r·B·τ / (1 + r·B·(1 + k)) (r = b/a, τ tokens per step, k drafts per request). With τ/(1+k)
+    near 0.5 that is about `min_reach`·B / (1 + `min_reach`·(B − 1)), `min_reach` at B = 1, capped
+    at 0.5 (half of a large batch's drafts would be accepted).
+    """
+    if batch_size <= 1:
+        return min_reach
+    return min(MAX_BATCH_REACH, min_reach * batch_size / (1 + min_reach * (batch_size - 1)))
 
 
 def node_key(tree: DraftTree, node: int) -> tuple[str, int, int]:

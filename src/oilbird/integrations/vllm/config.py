@@ -41,9 +41,10 @@ class EngineDrafterConfig:
     after a step that accepted every draft, else what was accepted + 1; 'fixed': the best-scored
     path at full length."""
     min_reach: float = 0.1
-    """'calibrated': the least probability of being reached for a proposed draft token. A draft
-    token costs verification compute whether accepted or not; about the cost of one draft token
-    over the cost of a step (0.05 to 0.1 on a CPU, lower on a GPU)."""
+    """'calibrated': the least probability of being reached for a proposed draft token when a
+    request is alone in its step. A draft token costs verification compute whether accepted or
+    not: about the cost of one draft token over the cost of a step (0.05 to 0.1 on a CPU, lower
+    on a GPU). With B requests in a step it rises to min(0.5, min_reach·B/(1 + min_reach·(B−1)))."""
     topk: int = 8
     """Target top-k kept per verified position for drafters that learn from it (GOOSE, TR)."""
     state_dir: str | None = None

@@ -11,6 +11,7 @@ _HELP = {
     "oilbird_acceptance_rate": ("gauge", "Accepted / verified draft tokens."),
     "oilbird_tau": ("gauge", "Committed tokens per verification step (accepted length)."),
     "oilbird_pool_bytes": ("gauge", "Bytes the drafter holds for the tenant across requests."),
+    "oilbird_requests_in_flight": ("gauge", "Requests the drafter is serving now (started, not yet finished or aborted)."),
 }
 
 

@@ -93,10 +93,14 @@ class OilbirdProposer:
             pool_state.close()
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Per tenant: the drafting counters (`TenantStats` fields) and `pool_bytes`."""
+        """Per tenant: the drafting counters (`TenantStats` fields), `pool_bytes` and
+        `requests_in_flight`."""
+        drafter = self.engine.drafter
         out = {}
         for tenant, stats in self.engine.stats.items():
-            out[tenant] = dict(vars(stats), pool_bytes=self.engine.drafter.tenant_bytes(tenant))
+            in_flight = sum(state.tenant == tenant for state in drafter.requests.values())
+            out[tenant] = dict(vars(stats), pool_bytes=drafter.tenant_bytes(tenant),
+                               requests_in_flight=in_flight)
         return out
 
     def finish(self, request_id: str) -> None:
