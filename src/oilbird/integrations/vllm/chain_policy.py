@@ -5,8 +5,8 @@ costs compute whether or not it is accepted. The drafter's tree offers several c
 spine, table successors, semantic continuations), each node tagged with its sources and a score
 whose meaning differs per source. `ChainCalibrator` turns tags, depth and score into one
 currency, learnt online from what the engine accepted: the probability that a node is accepted
-given that its parent was. The chain is then walked greedily from the root to the child most
-likely accepted, and cut where the probability of reaching the next node falls below `min_reach`
+given that its parent was. The chain is then walked from the root to the child whose subtree
+promises the most accepted tokens (a bottom-up pass over the tree), and cut where the probability of reaching the next node falls below `min_reach`
 (a draft token's cost relative to a step's: a node reached with probability p saves p steps),
 raised with the batch (`batch_min_reach`): in a batch a draft token costs about as much as any
 other token of the forward.
