@@ -40,8 +40,8 @@ from oilbird.methods import override
 from oilbird.models import load_model
 from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier, VerifierConfig
+from vllm_bench import WORKLOADS  # the same workloads as the vLLM runs (scripts/ is on sys.path)
 
-WORKLOADS = {"slice": (5, 20), "stream": (25, 100)}  # as scripts/vllm_bench.py
 
 
 def parse_args(argv=None) -> argparse.Namespace:

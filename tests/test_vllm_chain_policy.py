@@ -22,9 +22,11 @@ def two_branches() -> DraftTree:
 def test_an_untried_key_gets_the_prior_and_updates_count_only_tried_nodes():
     cal = ChainCalibrator(prior=0.8, prior_weight=2.0)
     tree = two_branches()
-    keys = [node_key(tree, n) for n in (2, 3, 4)]
+    chain = tree.chain_along([2, 3, 4])  # what the engine verified
+    keys = [node_key(chain, n) for n in (1, 2, 3)]
+    assert keys == [node_key(tree, n) for n in (2, 3, 4)]
     assert cal.p_accept(keys[0]) == 0.8
-    cal.update(keys, accepted=1)  # node 2 accepted, node 3 rejected, node 4 never reached
+    cal.update(chain, accepted=1)  # node 2 accepted, node 3 rejected, node 4 never reached
     assert cal.counts[keys[0]] == [1, 1] and cal.counts[keys[1]] == [1, 0]
     assert keys[2] not in cal.counts
     assert cal.p_accept(keys[1]) == (0 + 1.6) / 3
@@ -33,20 +35,20 @@ def test_an_untried_key_gets_the_prior_and_updates_count_only_tried_nodes():
 def test_the_longer_promise_wins_until_its_source_proves_bad():
     cal = ChainCalibrator()
     tree = two_branches()
-    path, keys = cal.choose(tree, max_len=8, min_reach=0.0)
+    path = cal.choose(tree, max_len=8, min_reach=0.0)
     assert path == [2, 3, 4]  # equal estimates: the chain promises more than the single node
     for _ in range(20):  # the pld chain is always rejected at its first node
-        cal.update(keys, accepted=0)
-    path, _ = cal.choose(tree, max_len=8, min_reach=0.0)
+        cal.update(tree.chain_along(path), accepted=0)
+    path = cal.choose(tree, max_len=8, min_reach=0.0)
     assert path == [1]
 
 
 def test_the_chain_is_cut_where_its_reach_falls_below_min_reach():
     cal = ChainCalibrator(prior=0.5)
     tree = two_branches()
-    assert cal.choose(tree, 8, min_reach=0.2)[0] == [2, 3]  # reach 0.5, 0.25, then 0.125
-    assert cal.choose(tree, 1, min_reach=0.0)[0] == [2]  # and never past max_len
-    assert cal.choose(tree, 8, min_reach=0.6)[0] == []  # nothing worth verifying: no drafts
+    assert cal.choose(tree, 8, min_reach=0.2) == [2, 3]  # reach 0.5, 0.25, then 0.125
+    assert cal.choose(tree, 1, min_reach=0.0) == [2]  # and never past max_len
+    assert cal.choose(tree, 8, min_reach=0.6) == []  # nothing worth verifying: no drafts
 
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6]

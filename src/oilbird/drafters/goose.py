@@ -252,7 +252,7 @@ class GooseState(RequestState):
     table: SuccessorTable | None = None
     """The tenant's successor table, kept for the whole request: a drop of the tenant orphans it."""
     matcher: ContextMatcher | None = None
-    """The context matcher over the request's committed sequence."""
+    """The context matcher over the request's committed sequence (spine='context' only)."""
     ema: float = 0.5
     """Spine-acceptance EMA (starts at `ema_init`)."""
     spine_nodes: list[int] = field(default_factory=list)
@@ -286,8 +286,9 @@ class Goose(Drafter):
         # The request keeps its table: a drop_tenant while it runs orphans it rather than
         # breaking the request, and nothing re-creates the tenant until its next request.
         state.table = self.tables.get(tenant)
-        state.matcher = ContextMatcher(self.config.ngrams(), self.config.consensus_min)
-        state.matcher.extend(prompt_ids)
+        if self.pool_spine is None:  # spine='pool' never reads the context matcher
+            state.matcher = ContextMatcher(self.config.ngrams(), self.config.consensus_min)
+            state.matcher.extend(prompt_ids)
         state.ema = self.config.ema_init
         if self.pool_spine is not None:
             try:
@@ -359,7 +360,8 @@ class Goose(Drafter):
             rate = accepted / len(state.spine_nodes)
             state.ema = self.config.ema_alpha * rate + (1 - self.config.ema_alpha) * state.ema
         super().observe(request_id, verification)
-        state.matcher.extend(verification.committed)
-        if self.pool_spine is not None:
+        if self.pool_spine is None:
+            state.matcher.extend(verification.committed)
+        else:
             self.pool_spine.observe(request_id, verification)
         return state

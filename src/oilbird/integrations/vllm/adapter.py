@@ -103,8 +103,6 @@ class EngineDrafter:
     """request id -> its next draft length (length_policy 'adaptive')."""
     calibrators: dict[str, ChainCalibrator] = field(default_factory=dict)
     """tenant -> its acceptance estimates (length_policy 'calibrated')."""
-    chain_keys: dict[str, list[tuple]] = field(default_factory=dict)
-    """request id -> the calibration keys of the chain last proposed."""
     prompt_lens: dict[str, int] = field(default_factory=dict)
     """request id -> its prompt's length, for every request in flight."""
 
@@ -143,7 +141,6 @@ class EngineDrafter:
         """Stop a request (it joins its tenant's pools); None if it never committed a token."""
         self.proposed.pop(request_id, None)
         self.lengths.pop(request_id, None)
-        self.chain_keys.pop(request_id, None)
         prompt_len = self.prompt_lens.pop(request_id, 0)
         state = self.drafter.stop_request(request_id)
         if state is None:
@@ -166,9 +163,8 @@ class EngineDrafter:
         if accepted > len(drafts) or request.committed[:accepted] != drafts[:accepted]:
             raise ConfigError(f"request {rid!r}: committed {request.committed} does not extend "
                               f"the verified drafts {drafts}; the engine's step is inconsistent")
-        keys = self.chain_keys.pop(rid, None)
-        if keys is not None and drafts:
-            self._calibrator(request.tenant).update(keys[:len(drafts)], accepted)
+        if self.config.length_policy == "calibrated" and drafts and "engine" not in tree.sources[1]:
+            self._calibrator(request.tenant).update(tree, accepted)  # our chain, as verified
         committed = self._kept(request)
         if committed:  # else the request is over (max_tokens reached): nothing to harvest
             drafter.observe(rid, self._verification(request, tree, committed, min(accepted, len(committed))))
@@ -240,8 +236,7 @@ class EngineDrafter:
         tree = self.drafter.propose(request_id, self.config.node_budget).truncated(self.config.node_budget)
         if self.config.length_policy == "calibrated":
             tenant = self.drafter.requests[request_id].tenant
-            path, self.chain_keys[request_id] = self._calibrator(tenant).choose(
-                tree, max_drafts, min_reach)
+            path = self._calibrator(tenant).choose(tree, max_drafts, min_reach)
         else:
             path = tree.best_path(max_drafts)
         self.drafter.restrict_proposal(request_id, path)

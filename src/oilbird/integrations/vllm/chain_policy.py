@@ -67,30 +67,28 @@ class ChainCalibrator:
         tried, accepted = self.counts.get(key, (0, 0))
         return (accepted + self.prior * self.prior_weight) / (tried + self.prior_weight)
 
-    def update(self, keys: list[tuple[str, int, int]], accepted: int) -> None:
-        """A verified chain of nodes with these keys, of which the first `accepted` were accepted:
-        the nodes up to the first rejected one were tried (their parent was accepted)."""
-        for i, key in enumerate(keys[:accepted + 1]):
-            entry = self.counts.setdefault(key, [0, 0])
+    def update(self, chain: DraftTree, accepted: int) -> None:
+        """A verified chain whose first `accepted` drafts were accepted: its nodes up to the first
+        rejected one were tried (their parent was accepted)."""
+        for node in range(1, min(len(chain), accepted + 2)):
+            entry = self.counts.setdefault(node_key(chain, node), [0, 0])
             entry[0] += 1
-            entry[1] += i < accepted
+            entry[1] += node <= accepted
 
-    def choose(self, tree: DraftTree, max_len: int, min_reach: float) -> tuple[list[int], list[tuple]]:
+    def choose(self, tree: DraftTree, max_len: int, min_reach: float) -> list[int]:
         """The chain to verify: from the root, the child whose subtree promises the most accepted
         tokens (its estimate times one plus its best child's promise, the earliest built on a
         tie), while the probability of reaching the next node stays at least `min_reach`.
 
         Returns:
-            The path's node indices (root excluded, at most `max_len`) and their keys.
+            The path's node indices, root excluded, at most `max_len`.
         """
         n_nodes = len(tree)
-        keys = [node_key(tree, n) if n else None for n in range(n_nodes)]
-        p = [self.p_accept(k) if k else 1.0 for k in keys]
+        p = [1.0] + [self.p_accept(node_key(tree, n)) for n in range(1, n_nodes)]
         best_child = [0.0] * n_nodes  # the best promise among a node's children
         for n in range(n_nodes - 1, 0, -1):  # children come after their parents
-            value = p[n] * (1.0 + best_child[n])
             parent = tree.parents[n]
-            best_child[parent] = max(best_child[parent], value)
+            best_child[parent] = max(best_child[parent], p[n] * (1.0 + best_child[n]))
         path: list[int] = []
         node, reach = 0, 1.0
         while len(path) < max_len:
@@ -102,4 +100,4 @@ class ChainCalibrator:
             if reach < min_reach:
                 break
             path.append(node)
-        return path, [keys[n] for n in path]
+        return path
