@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from oilbird.bench import encode_requests
 from oilbird.datasets import load_dataset
+from oilbird.errors import ConfigError
 from oilbird.integrations.vllm.adapter import EngineDrafter, StepRequest
 from oilbird.integrations.vllm.config import EngineDrafterConfig
 from oilbird.methods import override
@@ -128,6 +129,11 @@ def run(method: str, args, loaded, verifier, prompts, reference) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:  # a bad method or --set fails now, not after the model has loaded
+        for method in args.methods.split(","):
+            EngineDrafter.build(engine_config(method, args.set))
+    except ConfigError as e:
+        raise SystemExit(f"chain_sim: {e}") from None
     torch.set_num_threads(args.threads)
     per_category, limit = WORKLOADS[args.workload]
     requests = load_dataset("api-bank", per_category=per_category, limit=limit)
