@@ -72,7 +72,7 @@ def engine_config(method: str, settings: list[str]) -> EngineDrafterConfig:
 
 def step_request(rid, prompt, tenant, drafts, ver, k, max_tokens, stop_ids) -> StepRequest:
     return StepRequest(request_id=rid, prompt_ids=prompt, tenant=tenant, drafts=drafts,
-                       committed=list(ver.committed), hidden=ver.hidden_states[-1].float(),
+                       committed=list(ver.committed), hidden=ver.hidden.float(),
                        topk_ids=ver.topk_ids[:, :k], topk_logits=ver.topk_logits[:, :k].float(),
                        max_output=max_tokens, stop_ids=stop_ids)
 
@@ -82,7 +82,7 @@ def serve(engine: EngineDrafter, verifier: TreeVerifier, rid: str, prompt: list[
     """One request through the adapter, as vLLM would serve it alone (max_num_seqs 1)."""
     state = verifier.prefill(prompt)
     k = engine.config.topk
-    ver = verifier.verify(state, DraftTree.root(state.anchor))  # the prefill's sampled token
+    ver = verifier.verify(state, DraftTree.root(state.anchor), -1)  # the prefill's sampled token
     drafts: list[int] = []
     out: list[int] = []
     while True:
@@ -97,7 +97,7 @@ def serve(engine: EngineDrafter, verifier: TreeVerifier, rid: str, prompt: list[
         counts["steps"] += 1
         counts["drafts"] += bool(drafts)
         counts["draft_tokens"] += len(drafts)
-        ver = verifier.verify(state, DraftTree.chain(state.anchor, drafts, "engine"))
+        ver = verifier.verify(state, DraftTree.chain(state.anchor, drafts, "engine"), -1)
         counts["accepted"] += len(ver.path)
         if drafts:  # attribution: the sources of the chain's first node
             chain = engine.proposed[rid]

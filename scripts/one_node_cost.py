@@ -25,7 +25,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, log=lambda message: None)
-    verifier = TreeVerifier(loaded.model, loaded.stop_ids)
+    verifier = TreeVerifier(loaded.tree_model(), loaded.stop_ids)
     vocab = loaded.model.config.vocab_size
     state = verifier.prefill([(7 * i + 3) % vocab for i in range(args.prefix + 1)])
     anchor, prefix, cpu = state.anchor, state.length, torch.device("cpu")

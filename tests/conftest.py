@@ -48,7 +48,7 @@ def serve_api_bank(smol, api_bank_prompts, api_bank_references):
     from oilbird.verifier import TreeVerifier
 
     def serve(drafter, node_budget=64):
-        verifier = TreeVerifier(smol.model, smol.stop_ids)
+        verifier = TreeVerifier(smol.tree_model(), smol.stop_ids)
         results = []
         for i, (ids, ref) in enumerate(zip(api_bank_prompts, api_bank_references)):
             result = decode(verifier, drafter, ids,

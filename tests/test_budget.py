@@ -109,15 +109,16 @@ class CallRecorder:
 
 def test_the_cost_curve_times_the_very_forward_decoding_runs(smol):
     """At every size, the measured call has the options of decoding's own (no mask at N = 1,
-    the verifier's hidden states), so the curve's N = 1 is the real autoregressive step."""
+    no hidden states for drafters that read none), so the curve's N = 1 is the real
+    autoregressive step; on the plain model and on the fast kernels alike."""
     from oilbird.budget import measure_cost_curve
     from oilbird.decode import DecodeConfig, decode
     from oilbird.drafters import make_drafter
     from oilbird.verifier import TreeVerifier, VerifierConfig
 
-    for config in (VerifierConfig(), VerifierConfig(collect_hidden=False)):
-        recorder = CallRecorder(smol.model)
-        verifier = TreeVerifier(recorder, smol.stop_ids, config)
+    for model in (smol.model, smol.tree_model()):
+        recorder = CallRecorder(model)
+        verifier = TreeVerifier(recorder, smol.stop_ids, VerifierConfig())
         prompt = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2]  # repeats: PLD drafts chains, ar drafts none
         for method in ("ar", "pld"):
             decode(verifier, make_drafter(method), prompt, DecodeConfig(max_new_tokens=6, node_budget=4),
@@ -127,19 +128,21 @@ def test_the_cost_curve_times_the_very_forward_decoding_runs(smol):
         curve = measure_cost_curve(verifier, [1, 4], prefix_len=16, repeats=1)
         measured = {(c["tokens"], c["mask"], c["hidden"]) for c in recorder.calls[1:]}  # [0]: its prefill
         assert curve.points.keys() == {1, 4}
-        assert (1, None, config.collect_hidden) in decoding
-        assert {m for m in measured if m[0] == 1} == {(1, None, config.collect_hidden)}
-        assert all(m[2] == config.collect_hidden for m in measured)
+        assert (1, None, False) in decoding and (4, (1, 1, 4, 20), False) in decoding | measured
+        assert {m for m in measured if m[0] == 1} == {(1, None, False)}
+        assert all(m[2] is False for m in measured | decoding)
 
 
-def test_the_cost_curve_is_kept_per_verifier_option(smol, tmp_path):
+def test_the_cost_curve_is_kept_per_verifier_option_and_kernels(smol, tmp_path):
     from oilbird.budget import BudgetConfig, load_or_measure
     from oilbird.fly import FlyConfig
     from oilbird.verifier import TreeVerifier, VerifierConfig
 
     config = BudgetConfig(grid="1,2", cost_prefix=16)
-    keys = {load_or_measure(smol, TreeVerifier(smol.model, smol.stop_ids, options, fly=fly), config, tmp_path).key
-            for options, fly in ((VerifierConfig(), None), (VerifierConfig(collect_hidden=False), None),
-                                 (VerifierConfig(), FlyConfig()))}
-    assert len(keys) == 3
-    assert len(json.loads((tmp_path / "cost-curves.json").read_text())) == 3
+    keys = {load_or_measure(smol, TreeVerifier(model, smol.stop_ids, options, fly=fly), config, tmp_path).key
+            for model, options, fly in ((smol.tree_model(), VerifierConfig(), None),
+                                        (smol.tree_model(), VerifierConfig(top_k=4), None),
+                                        (smol.tree_model(), VerifierConfig(), FlyConfig()),
+                                        (smol.model, VerifierConfig(), None))}
+    assert len(keys) == 4
+    assert len(json.loads((tmp_path / "cost-curves.json").read_text())) == 4

@@ -56,7 +56,7 @@ def fake_verification(rid: str, step: int, tree, token: int) -> Verification:
     topk = base + torch.randint(0, 6, (n, 10), generator=gen)
     return Verification(tree=tree, prefix_len=0, argmax=topk[:, 0], topk_ids=topk,
                         topk_logits=torch.linspace(5, 0, 10).repeat(n, 1),
-                        hidden_states=(torch.randn(n, HIDDEN, generator=gen),), path=[],
+                        hidden=torch.randn(n, HIDDEN, generator=gen), path=[],
                         committed=[token], finished=False)
 
 
@@ -70,7 +70,7 @@ def start(drafter, rid: str) -> None:
         gen = torch.Generator().manual_seed(seed_of(rid, -1))
         drafter.observe_prefill(rid, PrefillObservation(
             prompt[:-1], base + torch.randint(0, 6, (p, 10), generator=gen),
-            torch.linspace(5, 0, 10).repeat(p, 1), (torch.randn(p, HIDDEN, generator=gen),)))
+            torch.linspace(5, 0, 10).repeat(p, 1), torch.randn(p, HIDDEN, generator=gen)))
 
 
 def step(drafter, rid: str, i: int, trees: dict) -> None:

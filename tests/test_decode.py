@@ -18,7 +18,7 @@ def references(smol, api_bank_prompts):
 
 @pytest.mark.parametrize("method", ["ar", "pld"])
 def test_output_equals_greedy_on_api_bank(smol, api_bank_prompts, references, method):
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids)
     drafter = make_drafter(method)  # one instance across requests, as the benchmark serves them
     forwards = tokens = 0
     for i, (ids, ref) in enumerate(zip(api_bank_prompts, references)):
@@ -36,7 +36,7 @@ def test_output_equals_greedy_on_api_bank(smol, api_bank_prompts, references, me
 
 
 def test_max_new_tokens_truncates_and_records_excess(smol, api_bank_prompts, references):
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids)
     ids = api_bank_prompts[4]  # PLD accepts long drafts on this one
     result = decode(verifier, make_drafter("pld"), ids, DecodeConfig(max_new_tokens=5),
                     max_context=smol.max_context)
@@ -45,7 +45,7 @@ def test_max_new_tokens_truncates_and_records_excess(smol, api_bank_prompts, ref
 
 
 def test_context_limit_stops_generation(smol, api_bank_prompts, references):
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids)
     ids = api_bank_prompts[4]
     result = decode(verifier, make_drafter("pld"), ids, DecodeConfig(max_new_tokens=40),
                     max_context=len(ids) + 6)
@@ -55,7 +55,7 @@ def test_context_limit_stops_generation(smol, api_bank_prompts, references):
 
 
 def test_bad_prompts_are_refused_with_lengths(smol):
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids)
     with pytest.raises(PromptError, match="empty"):
         decode(verifier, make_drafter("ar"), [], max_context=smol.max_context)
     with pytest.raises(PromptError, match=r"20 tokens .* context is 10 tokens"):
@@ -73,7 +73,7 @@ def test_the_drafters_observe_is_drafter_time_not_bookkeeping(smol, api_bank_pro
             time.sleep(0.02)  # stands in for an expensive harvest (pools, stores)
             return super().observe(request_id, verification)
 
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids)
     result = decode(verifier, SlowHarvest(), api_bank_prompts[0], DecodeConfig(max_new_tokens=8),
                     max_context=smol.max_context)
     assert result.observe_s >= 0.02 * result.forwards

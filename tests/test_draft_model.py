@@ -43,7 +43,7 @@ def test_mla_drafts_are_the_drafters_own_token_by_token_drafts(smol, api_bank_pr
 
 def test_fly_is_lossy_and_differs_from_greedy_only_where_the_rule_forgave(smol, api_bank_prompts):
     # θ = 0 and W = 0: every draft token is accepted, so the drafter's errors are all forgiven.
-    verifier = TreeVerifier(smol.model, smol.stop_ids, fly=FlyConfig(theta=0.0, window=0))
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids, fly=FlyConfig(theta=0.0, window=0))
     ids = api_bank_prompts[0]
     result = decode(verifier, attached(smol, k=6), ids, DecodeConfig(max_new_tokens=24, node_budget=16),
                     max_context=smol.max_context)
@@ -60,7 +60,7 @@ def test_fly_is_lossy_and_differs_from_greedy_only_where_the_rule_forgave(smol, 
 def test_fly_with_theta_one_is_strict(serve_api_bank, smol, api_bank_prompts, api_bank_references):
     from oilbird.audit import compare
 
-    verifier = TreeVerifier(smol.model, smol.stop_ids, fly=FlyConfig(theta=1.0, entropy="normalized"))
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids, fly=FlyConfig(theta=1.0, entropy="normalized"))
     result = decode(verifier, attached(smol, k=8), api_bank_prompts[0],
                     DecodeConfig(max_new_tokens=48, node_budget=16), max_context=smol.max_context)
     assert result.lossy and not result.forgiven_positions

@@ -163,7 +163,7 @@ def test_prefill_harvest_can_be_turned_off(smol):
     from oilbird.drafters.goose import GooseConfig
     from oilbird.verifier import TreeVerifier
 
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids)
     prompt = smol.encode_chat([{"role": "user", "content": "Say hello."}])
     tables = {}
     for harvest in (True, False):

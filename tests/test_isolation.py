@@ -39,7 +39,7 @@ def fake_verification(tree, committed, token_range):
     hidden = torch.randn(n, HIDDEN, generator=gen)
     return Verification(tree=tree, prefix_len=0, argmax=topk[:, 0], topk_ids=topk,
                         topk_logits=torch.linspace(5, 0, 10).repeat(n, 1),
-                        hidden_states=(hidden,), path=[],
+                        hidden=hidden, path=[],
                         committed=committed, finished=False)
 
 
@@ -51,7 +51,7 @@ def serve(drafter, request_id, prompt, output, tenant, token_range, seen_drafts)
         hidden = torch.randn(p, HIDDEN)
         drafter.observe_prefill(request_id, PrefillObservation(prompt[:-1], topk,
                                                                torch.linspace(5, 0, 10).repeat(p, 1),
-                                                               (hidden,)))
+                                                               hidden))
     for token in output:
         tree = drafter.propose(request_id, budget=32)
         seen_drafts.update(tree.tokens[1:])
@@ -147,6 +147,7 @@ class Audited(Drafter):
         self.inner, self.lexical = inner, lexical
         self.needs_prefill = inner.needs_prefill
         self.prefill_topk = inner.prefill_topk
+        self.hidden_layer = inner.hidden_layer
         self.known: set[int] = set()
         self.finished: list[list[int]] = []
         self.known_at_start: dict[str, frozenset[int]] = {}
@@ -237,7 +238,7 @@ def stream(smol):
 
 @pytest.fixture(scope="module")
 def verifier(smol):
-    return TreeVerifier(smol.model, smol.stop_ids)
+    return TreeVerifier(smol.tree_model(), smol.stop_ids)
 
 
 def serve_stream(smol, verifier, drafter, prompts) -> list[list[int]]:

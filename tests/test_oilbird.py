@@ -19,7 +19,7 @@ def verification(tree: DraftTree, committed: list[int]) -> Verification:
     states = STATE.repeat(n, 1)  # [n, DIM]
     return Verification(tree=tree, prefix_len=0, argmax=torch.zeros(n, dtype=torch.long),
                         topk_ids=torch.zeros(n, 10, dtype=torch.long), topk_logits=torch.zeros(n, 10),
-                        hidden_states=(states,), path=[], committed=committed,
+                        hidden=states, path=[], committed=committed,
                         finished=False)
 
 
@@ -28,7 +28,7 @@ def serve(drafter, request_id, prompt, output, tenant):
     drafter.start_request(request_id, prompt, tenant)
     states = STATE.repeat(len(prompt) - 1, 1)
     drafter.observe_prefill(request_id, PrefillObservation(prompt[:-1], torch.zeros(len(prompt) - 1, 0),
-                                                           torch.zeros(len(prompt) - 1, 0), (states,)))
+                                                           torch.zeros(len(prompt) - 1, 0), states))
     trees = []
     for token in output:
         trees.append(drafter.propose(request_id, budget=40))
@@ -76,7 +76,7 @@ def test_the_cycle_just_committed_is_not_searchable():
     drafter.start_request("r", PROMPT, "t")
     states = STATE.repeat(len(PROMPT) - 1, 1)
     drafter.observe_prefill("r", PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0),
-                                                    (states,)))
+                                                    states))
     tree = drafter.propose("r", budget=40)
     drafter.observe("r", verification(tree, [50]))
     state = drafter.state("r")
@@ -102,7 +102,7 @@ def test_node_budget_is_never_exceeded_and_the_key_never_opens_a_chain():
     drafter.start_request("b", [7, 8, 9], "A")  # no repetition: PLD finds nothing
     states = STATE.repeat(2, 1)
     drafter.observe_prefill("b", PrefillObservation([7, 8], torch.zeros(2, 0), torch.zeros(2, 0),
-                                                    (states,)))
+                                                    states))
     assert len(drafter.propose("b", budget=40)) == 1
     trees = serve(drafter, "c", PROMPT, output(100), "A")
     assert all(len(t) <= 40 for t in trees) and semantic_tokens(trees)
@@ -111,12 +111,23 @@ def test_node_budget_is_never_exceeded_and_the_key_never_opens_a_chain():
 def test_config_errors_are_clear():
     with pytest.raises(ValueError, match="sem_granularity"):
         OilbirdConfig(sem_granularity="sentence")
-    drafter = make_drafter("oilbird", OilbirdConfig(sem_layer=40))
+    drafter = make_drafter("oilbird")
     drafter.start_request("r", PROMPT, "t")
-    states = STATE.repeat(7, 1)
-    with pytest.raises(ConfigError, match="sem_layer=40"):
+    with pytest.raises(ConfigError, match="hidden_layer=-1"):  # an engine that computed no state
         drafter.observe_prefill("r", PrefillObservation(PROMPT[:-1], torch.zeros(7, 10, dtype=torch.long),
-                                                        torch.zeros(7, 10), (states,)))
+                                                        torch.zeros(7, 10), None))
+
+
+def test_a_layer_the_model_lacks_is_a_clear_error(smol, api_bank_prompts):
+    from oilbird.decode import DecodeConfig, decode
+    from oilbird.errors import ModelError
+    from oilbird.verifier import TreeVerifier
+
+    drafter = make_drafter("oilbird", OilbirdConfig(sem_layer=40))  # SmolLM2 has 31 states
+    assert drafter.hidden_layer == 40
+    with pytest.raises(ModelError, match="hidden layer 40 is out of range"):
+        decode(TreeVerifier(smol.tree_model(), smol.stop_ids), drafter, api_bank_prompts[0],
+               DecodeConfig(max_new_tokens=4), max_context=smol.max_context)
 
 
 # --- end to end on the real model ----------------------------------------------------------
@@ -183,7 +194,7 @@ class Harness:
         p = prompt_len - 1
         states = torch.randn(p, HIDDEN, generator=self.gen)  # [p, d]
         self.drafter.observe_prefill(request_id, PrefillObservation(prompt[:-1], torch.zeros(p, 0),
-                                                                    torch.zeros(p, 0), (states,)))
+                                                                    torch.zeros(p, 0), states))
         self.last_keys[request_id] = normalize(states[-1:])  # the anchor's own record: the first query
         self.current = request_id
 
@@ -199,7 +210,7 @@ class Harness:
         argmax = torch.full((n,), MARK + self.forwards)
         self.drafter.observe(request_id, Verification(
             tree=tree, prefix_len=0, argmax=argmax, topk_ids=argmax[:, None].repeat(1, 10),
-            topk_logits=torch.zeros(n, 10), hidden_states=(states,), path=[1], committed=committed,
+            topk_logits=torch.zeros(n, 10), hidden=states, path=[1], committed=committed,
             finished=False))
         self.last_keys[request_id] = normalize(states[:2])  # committed token j was predicted by ([root] + path)[j]
         self.forwards += 1
@@ -310,7 +321,7 @@ def test_a_tenant_dropped_before_its_first_states_is_not_built_again():
     drafter.start_request("r", PROMPT, "A")
     drafter.drop_tenant("A")
     states = STATE.repeat(len(PROMPT) - 1, 1)
-    drafter.observe_prefill("r", PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0), (states,)))
+    drafter.observe_prefill("r", PrefillObservation(PROMPT[:-1], torch.zeros(7, 0), torch.zeros(7, 0), states))
     for token in output(100, 2):
         drafter.observe("r", verification(drafter.propose("r", budget=40), [token]))
     state = drafter.stop_request("r")
@@ -366,7 +377,7 @@ def test_a_partial_prefill_gives_the_first_query_and_indexes_nothing():
     held = len(store)
     prompt = PROMPT + [3]  # the engine already sampled the first output token: it is the anchor
     state = drafter.start_request("a2", prompt, "A")
-    drafter.observe_prefill("a2", PrefillObservation(PROMPT, None, None, (STATE[None],)))  # [1, d]
+    drafter.observe_prefill("a2", PrefillObservation(PROMPT, None, None, STATE[None]))  # [1, d]
     assert len(store) == held and state.query is not None and state.watermark.trace == store.next_id
     trees = []
     for token in output(200, 2):
@@ -376,5 +387,5 @@ def test_a_partial_prefill_gives_the_first_query_and_indexes_nothing():
     assert {t for t in semantic_tokens(trees[:1]) if 100 <= t < 110}, "the partial query found nothing"
     assert len(store) == held + 8
     drafter.start_request("b1", prompt, "B")  # a tenant's first states may come from a partial prefill
-    drafter.observe_prefill("b1", PrefillObservation(PROMPT, None, None, (STATE[None],)))
+    drafter.observe_prefill("b1", PrefillObservation(PROMPT, None, None, STATE[None]))
     assert len(drafter.memories.get("B").store) == 0 and drafter.state("b1").query is not None

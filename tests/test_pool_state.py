@@ -98,5 +98,5 @@ def serve_with_hidden(drafter, tenant, hidden, rid="r1"):
     drafter.observe(rid, Verification(tree=tree, prefix_len=2, argmax=argmax, topk_ids=argmax[:, None],
                                       topk_logits=torch.zeros(len(OUTPUT), 1),
                                       path=list(range(1, len(OUTPUT))), committed=OUTPUT,
-                                      finished=False, hidden_states=(hidden,)))
+                                      finished=False, hidden=hidden))
     drafter.stop_request(rid)

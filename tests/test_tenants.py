@@ -64,7 +64,7 @@ def serve(drafter, request_id, prompt, output, tenant, seen):
         hidden = torch.randn(p, HIDDEN)
         drafter.observe_prefill(request_id, PrefillObservation(
             prompt[:-1], base + torch.arange(p * 10).reshape(p, 10) % 6,
-            torch.linspace(5, 0, 10).repeat(p, 1), (hidden,)))
+            torch.linspace(5, 0, 10).repeat(p, 1), hidden))
     for token in output:
         tree = drafter.propose(request_id, budget=32)
         seen.update(tree.tokens[1:])
@@ -74,7 +74,7 @@ def serve(drafter, request_id, prompt, output, tenant, seen):
         drafter.observe(request_id, Verification(
             tree=tree, prefix_len=0, argmax=topk[:, 0], topk_ids=topk,
             topk_logits=torch.linspace(5, 0, 10).repeat(n, 1),
-            hidden_states=(hidden,), path=[], committed=[token], finished=False))
+            hidden=hidden, path=[], committed=[token], finished=False))
     drafter.stop_request(request_id)
 
 
@@ -109,14 +109,14 @@ def test_dropping_the_tenant_in_flight_keeps_the_request_going(method):
         p = len(prompt) - 1
         hidden = torch.randn(p, HIDDEN)
         drafter.observe_prefill("a1", PrefillObservation(prompt[:-1], torch.full((p, 10), 1000),
-                                                   torch.linspace(5, 0, 10).repeat(p, 1), (hidden,)))
+                                                   torch.linspace(5, 0, 10).repeat(p, 1), hidden))
     drafter.drop_tenant("A")
     tree = drafter.propose("a1", budget=32)  # still drafts from what the request holds; no error
     n = len(tree)
     hidden = torch.randn(n, HIDDEN)
     drafter.observe("a1", Verification(tree=tree, prefix_len=0, argmax=torch.full((n,), 1000),
                                        topk_ids=torch.full((n, 10), 1000),
-                                       topk_logits=torch.zeros(n, 10), hidden_states=(hidden,),
+                                       topk_logits=torch.zeros(n, 10), hidden=hidden,
                                        path=[], committed=[1000], finished=False))
     drafter.stop_request("a1")
     assert drafter.memory_bytes() == 0  # the finished request did not bring the tenant back

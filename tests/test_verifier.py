@@ -1,14 +1,22 @@
 """Tree verifier on the real model: masks and positions against sequential forwards, the greedy
-walk, the bonus token, stop tokens and cache compaction."""
+walk, the bonus token, stop tokens and cache compaction; on the model as loaded and on its copy
+with the fast kernels (oneDNN GEMM, tree attention; oilbird/kernels.py)."""
 
 import pytest
 import torch
 
 from oilbird.audit import greedy_reference
 from oilbird.tree import DraftTree
-from oilbird.verifier import TreeVerifier, VerifierConfig
+from oilbird.errors import ModelError
+from oilbird.verifier import TreeVerifier, VerifierConfig, top_k_and_argmax
 
 PROMPT = [{"role": "user", "content": "List three colors of the rainbow."}]
+
+
+@pytest.fixture(params=["plain", "fast"])
+def model(request, smol):
+    """The model as loaded (PyTorch's kernels) and the verifier's fast copy."""
+    return smol.model if request.param == "plain" else smol.tree_model()
 
 
 @pytest.fixture(scope="module")
@@ -38,23 +46,23 @@ def branchy_tree(anchor, greedy, wrong):
     return tree
 
 
-def test_tree_forward_matches_sequential_forwards(smol, setup):
+def test_tree_forward_matches_sequential_forwards(smol, model, setup):
     prompt, greedy = setup
-    verifier = TreeVerifier(smol.model, smol.stop_ids, VerifierConfig(top_k=4))
+    verifier = TreeVerifier(model, smol.stop_ids, VerifierConfig(top_k=4))
     state = verifier.prefill(prompt)
     tree = branchy_tree(prompt[-1], greedy, wrong=[100, 200, 300])
-    ver = verifier.verify(state, tree)
+    ver = verifier.verify(state, tree, hidden_layer=-1)
     for node in range(len(tree)):
         ids = prompt + [tree.tokens[n] for n in tree.path_to(node)]
-        hidden, logits = sequential_last_hidden(smol.model, ids)
-        assert torch.allclose(ver.hidden_states[-1][node], hidden, atol=1e-3), f"node {node}"
+        hidden, logits = sequential_last_hidden(smol.model, ids)  # the reference: plain kernels
+        assert torch.allclose(ver.hidden[node], hidden, atol=1e-3), f"node {node}"
         assert ver.argmax[node].item() == logits.argmax().item()
         assert ver.topk_ids[node].tolist() == logits.topk(4).indices.tolist()
 
 
-def test_greedy_walk_bonus_and_compaction(smol, setup):
+def test_greedy_walk_bonus_and_compaction(smol, model, setup):
     prompt, greedy = setup
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    verifier = TreeVerifier(model, smol.stop_ids)
     state = verifier.prefill(prompt)
     ver = verifier.verify(state, branchy_tree(prompt[-1], greedy, wrong=[100, 200, 300]))
     assert ver.path == [3, 5, 6]  # g1, g2, g3 sit behind rejected siblings
@@ -71,9 +79,9 @@ def test_greedy_walk_bonus_and_compaction(smol, setup):
     assert ver2.committed[:2] == greedy[4:6]
 
 
-def test_root_only_tree_is_one_autoregressive_step(smol, setup):
+def test_root_only_tree_is_one_autoregressive_step(smol, model, setup):
     prompt, greedy = setup
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
+    verifier = TreeVerifier(model, smol.stop_ids)
     state = verifier.prefill(prompt)
     ver = verifier.verify(state, DraftTree.root(prompt[-1]))
     assert ver.path == [] and ver.committed == [greedy[0]] and state.length == len(prompt)
@@ -126,20 +134,33 @@ def test_prefill_observation_matches_full_logits(smol, setup):
         logits = smol.model(input_ids=torch.tensor([prompt[:-1]])).logits[0]  # [P, V]
     assert obs.tokens == prompt[:-1] and state.length == len(prompt) - 1
     assert obs.topk_ids.tolist() == logits.topk(5).indices.tolist()
-    assert obs.hidden_states[-1].shape == (len(prompt) - 1, smol.model.config.hidden_size)
+    assert obs.hidden.shape == (len(prompt) - 1, smol.model.config.hidden_size)
     # Decoding from the observed prefill is unchanged.
     ver = verifier.verify(state, DraftTree.root(prompt[-1]))
     assert ver.committed == [greedy[0]]
 
 
-def test_every_layers_state_is_exposed_and_the_prefill_top_k_is_optional(smol, setup):
+def test_only_the_asked_for_layer_is_exposed_and_the_prefill_top_k_is_optional(smol, model, setup):
     prompt, greedy = setup
-    verifier = TreeVerifier(smol.model, smol.stop_ids)
-    state, obs = verifier.prefill_observed(prompt, topk=False)
-    layers = smol.model.config.num_hidden_layers + 1  # the input embeddings, then every block
-    assert obs.topk_ids.shape == (len(prompt) - 1, 0) and len(obs.hidden_states) == layers
+    verifier = TreeVerifier(model, smol.stop_ids)
+    state, obs = verifier.prefill_observed(prompt, topk=False, hidden_layer=0)
+    assert obs.topk_ids.shape == (len(prompt) - 1, 0)
     embed = smol.model.get_input_embeddings()(torch.tensor(prompt[:-1]))  # [P, hidden]
-    assert torch.allclose(obs.hidden_states[0], embed)  # index 0: the static input embedding
+    assert torch.allclose(obs.hidden, embed)  # index 0: the static input embedding
     ver = verifier.verify(state, DraftTree.chain(prompt[-1], greedy[:3], "test"))
-    assert len(ver.hidden_states) == layers and ver.hidden_states[-1].shape[0] == 4
+    assert ver.hidden is None  # nobody asked: no hidden state is kept
     assert ver.committed == greedy[:4]
+    ver = verifier.verify(state, DraftTree.root(state.anchor), hidden_layer=-1)
+    assert ver.hidden.shape == (1, smol.model.config.hidden_size)
+    with pytest.raises(ModelError, match="out of range"):
+        verifier.verify(state, DraftTree.root(state.anchor), hidden_layer=99)
+
+
+def test_top_k_and_argmax_agree_and_ties_take_the_lowest_id():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0], [5.0, 1.0, 2.0, 0.0]])  # row 0: ids 1 and 3 tie
+    ids, values, argmax = top_k_and_argmax(logits, 3)
+    assert argmax.tolist() == [1, 0] == logits.argmax(dim=-1).tolist()
+    assert ids.shape == (2, 3) and values[:, 0].tolist() == [3.0, 5.0]
+    assert ids[1].tolist() == [0, 2, 1]
+    ids, _, argmax = top_k_and_argmax(logits, 1)
+    assert ids.shape == (2, 1) and argmax.tolist() == [1, 0]

@@ -56,7 +56,7 @@ def test_the_verified_chain_keeps_the_sources_of_our_proposal():
     engine.step([step("a", [8, 0], drafts=proposal)], max_drafts=3)
     ver = seen[0]
     assert ver.tree.tokens == [7] + proposal and ver.tree.sources[1] == {"pld"}
-    assert ver.path == [1] and ver.committed == [8, 0] and ver.hidden_states[0].shape == (4, 4)
+    assert ver.path == [1] and ver.committed == [8, 0] and ver.hidden.shape == (4, 4)
 
 
 def test_an_engine_step_that_contradicts_its_drafts_is_an_error():

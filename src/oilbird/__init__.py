@@ -5,7 +5,7 @@ The public API: load a model, pick a drafter by name, decode.
     from oilbird import load_model, make_drafter, TreeVerifier, decode
     loaded = load_model("smollm2-135m")
     ids = loaded.encode_chat([{"role": "user", "content": "Hi"}])
-    result = decode(TreeVerifier(loaded.model, loaded.stop_ids), make_drafter("pld"), ids,
+    result = decode(TreeVerifier(loaded.tree_model(), loaded.stop_ids), make_drafter("pld"), ids,
                     max_context=loaded.max_context)
     print(loaded.decode(result.output_ids), result.tau)
 """

@@ -41,6 +41,7 @@ from oilbird.audit import compare, differences, greedy_reference, hf_prompt_look
 from oilbird.budget import AdaptiveBudget, BudgetConfig, CostCurve, load_or_measure
 from oilbird.datasets import Workload
 from oilbird.decode import DecodeConfig, check_prompt, decode
+from oilbird.kernels import ForwardConfig, describe_kernels
 from oilbird.methods import build_drafter, check_spec, fly_config, is_drafter, split_methods
 from oilbird.models import LoadedModel, default_cache_dir
 from oilbird.summary import REFERENCE, audit_failures, summarize
@@ -151,13 +152,16 @@ class Harness:
     """
 
     def __init__(self, loaded: LoadedModel, config: BenchConfig, drafter_configs: dict,
-                 verifier_config: VerifierConfig, budget_config: BudgetConfig) -> None:
+                 verifier_config: VerifierConfig, budget_config: BudgetConfig,
+                 forward_config: ForwardConfig | None = None) -> None:
         self.loaded, self.config, self.drafter_configs = loaded, config, drafter_configs
         self.budget_config = budget_config
         self.variants = config.variants()  # (label, spec, budget)
-        self.verifier = TreeVerifier(loaded.model, loaded.stop_ids, verifier_config)
+        # Every method decodes with the fast kernels; the audit's reference runs on loaded.model.
+        model = loaded.tree_model(forward_config)
+        self.verifier = TreeVerifier(model, loaded.stop_ids, verifier_config)
         # FLy methods verify with the loose rule: a verifier of their own (lossy, never audited as lossless).
-        self.verifiers = {spec: TreeVerifier(loaded.model, loaded.stop_ids, verifier_config, fly=fly)
+        self.verifiers = {spec: TreeVerifier(model, loaded.stop_ids, verifier_config, fly=fly)
                           for _, spec, _ in self.variants if (fly := fly_config(spec)) is not None}
         # 'auto' budgets need the cost of the very verifier their method runs with: one curve
         # per verifier (the strict one, or a FLy spec's own), shared by its methods.
@@ -265,7 +269,8 @@ class RecordSink:
 def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | None = None,
               out_dir: Path | None = None, progress: bool = True,
               verifier_config: VerifierConfig | None = None,
-              budget_config: BudgetConfig | None = None) -> dict:
+              budget_config: BudgetConfig | None = None,
+              forward_config: ForwardConfig | None = None) -> dict:
     """Run the benchmark and return the summary (also written to `out_dir` when given).
 
     Args:
@@ -277,6 +282,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
         verifier_config: what each forward exposes to drafters (default: VerifierConfig()).
         budget_config: candidate sizes and exploration of the 'auto' budget (default:
             BudgetConfig(mode="auto")).
+        forward_config: the kernels the methods decode with (default: ForwardConfig(); its
+            device and dtype are the loaded model's, set when it was loaded).
 
     Returns:
         The summary dict: per-method rows, the table, the strict methods whose audit failed
@@ -289,7 +296,7 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
     requests = config.requests()
     prompts = encode_requests(loaded, requests)
     harness = Harness(loaded, config, drafter_configs or {}, verifier_config or VerifierConfig(),
-                      budget_config or BudgetConfig(mode="auto"))
+                      budget_config or BudgetConfig(mode="auto"), forward_config)
     harness.warm_up(prompts[: config.warmup])
     sink, grader = RecordSink(out_dir, config), Grader()
     bar = tqdm(list(zip(requests, prompts)), desc=f"bench {config.dataset}", unit="req",
@@ -323,16 +330,18 @@ def _summary(harness: Harness, records: list[dict], interrupted: bool) -> dict:
                 budget_curve=curve.to_json() if curve else None,
                 drafters={m: d.describe() for m, d in drafters.items()},
                 model=dict(name=loaded.name, source=loaded.source),
-                environment=environment(loaded), rows=rows,
+                environment=environment(loaded, harness.verifier.model), rows=rows,
                 audit_failed=[r["method"] for r in audit_failures(rows)],
                 table=format_table(rows, config))
 
 
-def environment(loaded: LoadedModel) -> dict:
-    """Where the numbers were measured."""
+def environment(loaded: LoadedModel, model=None) -> dict:
+    """Where the numbers were measured (and with which kernels `model`, the verifier's, runs)."""
     import transformers
 
     return dict(machine=platform.machine(), processor=platform.processor() or platform.machine(),
                 cpus=os.cpu_count(), python=platform.python_version(), torch=torch.__version__,
                 transformers=transformers.__version__, device=str(loaded.device),
+                dtype=str(loaded.dtype).removeprefix("torch."),
+                kernels=describe_kernels(model if model is not None else loaded.model),
                 threads=torch.get_num_threads(), time=time.strftime("%Y-%m-%d %H:%M:%S %Z"))

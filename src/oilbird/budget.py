@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from oilbird.kernels import describe_kernels
 from oilbird.tree import DraftTree
 
 
@@ -80,6 +81,14 @@ class CostCurve:
         lo, hi = sizes[-2:] if len(sizes) > 1 else (sizes[0], sizes[0])
         slope = (self.points[hi] - self.points[lo]) / (hi - lo) if hi > lo else 0.0
         return self.points[hi] + slope * (n - hi)
+
+    def table(self, sizes: list[int] | None = None) -> str:
+        """A markdown table: ms per forward and the ratio to the one-node forward (the AR step)."""
+        base = self.cost(1)
+        lines = ["| tokens in forward | ms | x autoregressive step |", "| ---: | ---: | ---: |"]
+        lines += [f"| {n} | {1000 * self.cost(n):.1f} | {self.cost(n) / base:.2f} |"
+                  for n in (sizes or sorted(self.points))]
+        return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {"key": self.key, "points": {str(k): v for k, v in sorted(self.points.items())}}
@@ -136,7 +145,7 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
     import transformers
 
     threads = threads or torch.get_num_threads()
-    options = (f"verify:top_k={verifier.config.top_k},hidden={verifier.config.collect_hidden},"
+    options = (f"verify:top_k={verifier.config.top_k},kernels={describe_kernels(verifier.model)},"
                f"fly={verifier.fly is not None and verifier.fly.entropy}")
     return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}|min"
             f"|{options}|torch={torch.__version__}|transformers={transformers.__version__}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from oilbird.config import add_config_args, config_from_args
 from oilbird.errors import ConfigError, OilbirdError
+from oilbird.cli_reports import add_report_parsers, add_replay_parser
 from oilbird.serve import add_serve_parser
 
 AUDIT_FAILED = 3
@@ -58,22 +59,42 @@ def _add_threads_arg(parser: argparse.ArgumentParser) -> None:
                         help="CPU threads for torch (default: torch's choice, usually all cores)")
 
 
+def _forward_config(args: argparse.Namespace):
+    from oilbird.kernels import ForwardConfig
+
+    return config_from_args(ForwardConfig, args, prefix="")
+
+
+def _load(args: argparse.Namespace):
+    """The model of `--model`, on `--device` in `--dtype`."""
+    from oilbird.models import load_model
+
+    forward = _forward_config(args)
+    return load_model(args.model, device=forward.device, dtype=forward.torch_dtype, log=_log)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from oilbird.bench import BenchConfig, run_bench
     from oilbird.budget import BudgetConfig
-    from oilbird.models import load_model
     from oilbird.verifier import VerifierConfig
 
     config = config_from_args(BenchConfig, args, prefix="")
     _set_threads(args)
     config.method_list()  # unknown methods fail before the model loads
     drafter_configs = _drafter_configs(args)
-    loaded = load_model(args.model, log=_log)
+    forward = _forward_config(args)
+    loaded = _load(args)
     out_dir = Path(args.out)
     summary = run_bench(loaded, config, drafter_configs, out_dir=out_dir, progress=not args.no_progress,
                         verifier_config=config_from_args(VerifierConfig, args, prefix="verifier"),
-                        budget_config=config_from_args(BudgetConfig, args, prefix="budget", mode="auto"))
+                        budget_config=config_from_args(BudgetConfig, args, prefix="budget", mode="auto"),
+                        forward_config=forward)
     print(summary["table"])
+    if summary["budget_curve"]:
+        from oilbird.budget import CostCurve
+
+        curve = CostCurve.from_json(summary["budget_curve"])
+        print(f"\nThe cost curve the 'auto' budget used ({curve.key}):\n\n{curve.table()}")
     if summary["interrupted"]:
         print(f"\ninterrupted: summarized the {summary['requests_served']} requests that every method finished")
     print(f"\nrecords: {out_dir / 'records.jsonl'}  summary: {out_dir / 'summary.json'}")
@@ -94,7 +115,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from oilbird.decode import DecodeConfig, decode
     from oilbird.drafters import make_drafter
     from oilbird.fly import FlyConfig
-    from oilbird.models import load_model
     from oilbird.verifier import TreeVerifier, VerifierConfig
 
     decode_config = config_from_args(DecodeConfig, args, prefix="")
@@ -103,13 +123,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError("--fly-* options set FLy's rule; add --fly to use it")
     _set_threads(args)
     drafter = make_drafter(args.method, _drafter_configs(args).get(args.method))
-    loaded = load_model(args.model, log=_log)
+    forward = _forward_config(args)
+    loaded = _load(args)
     drafter.attach(loaded)
     if args.raw:
         ids = loaded.encode_text(args.prompt)
     else:
         ids = loaded.encode_chat([{"role": "user", "content": args.prompt}])
-    verifier = TreeVerifier(loaded.model, loaded.stop_ids,
+    verifier = TreeVerifier(loaded.tree_model(forward), loaded.stop_ids,
                             config_from_args(VerifierConfig, args, prefix="verifier"), fly=fly)
     result = decode(verifier, drafter, ids, decode_config, max_context=loaded.max_context)
     print(loaded.decode(result.output_ids))
@@ -131,7 +152,6 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from oilbird.gap_measures import DiagnosisConfig
     from oilbird.gap_replay import ReplayConfig, run_diagnosis
     from oilbird.gap_report import plot_diagnosis
-    from oilbird.models import load_model
 
     replay_config = config_from_args(ReplayConfig, args, prefix="")
     config = config_from_args(DiagnosisConfig, args, prefix="diagnosis")
@@ -141,7 +161,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
         bench_records(Path(args.compare_run), args.compare_method, [r.id for r in requests])
     _set_threads(args)
-    loaded = load_model(args.model, log=_log)
+    loaded = _load(args)
     summary = run_diagnosis(loaded, replay_config, config, out_dir=Path(args.out),
                             progress=not args.no_progress, requests=requests)
     print(summary["table"])
@@ -160,83 +180,29 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 def cmd_cost(args: argparse.Namespace) -> int:
     from oilbird.budget import BudgetConfig, load_or_measure
-    from oilbird.models import default_cache_dir, load_model
+    from oilbird.models import default_cache_dir
     from oilbird.verifier import TreeVerifier, VerifierConfig
 
     config = config_from_args(BudgetConfig, args, prefix="budget", mode="auto")
     verifier_config = config_from_args(VerifierConfig, args, prefix="verifier")
     _set_threads(args)
-    loaded = load_model(args.model, log=_log)
-    verifier = TreeVerifier(loaded.model, loaded.stop_ids, verifier_config)
+    forward = _forward_config(args)
+    loaded = _load(args)
+    verifier = TreeVerifier(loaded.tree_model(forward), loaded.stop_ids, verifier_config)
     curve = load_or_measure(loaded, verifier, config, default_cache_dir(), log=_log)
-    base = curve.cost(1)  # a one-node tree: the autoregressive step, exactly as decoding runs it
+    # The one-node row is the autoregressive step, exactly as decoding runs it.
     print(f"verification cost on {loaded.device} ({curve.key})")
-    print("| tokens in forward | ms | x autoregressive step |")
-    print("| ---: | ---: | ---: |")
-    for n in config.sizes():
-        print(f"| {n} | {1000 * curve.cost(n):.1f} | {curve.cost(n) / base:.2f} |")
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from oilbird.tables import report
-
-    if args.first is not None and args.first < 1:
-        raise ConfigError(f"--first must be a positive integer, got {args.first}")
-    print(report(Path(args.run_dir), by_category=args.by_category, first=args.first,
-                 method=args.method))
-    return 0
-
-
-def cmd_table(args: argparse.Namespace) -> int:
-    from oilbird.results import (comparison_table, load_run, merge_runs, plot_comparison, semantic_report,
-                                 source_shares)
-
-    runs = merge_runs([load_run(Path(d)) for d in args.run_dirs])
-    print(comparison_table(runs))
-    shares = source_shares(runs)
-    if shares:
-        print("\nAccepted draft tokens by source (multi-source methods):\n" + shares)
-    if args.semantic:
-        print("\nThe semantic source (pairs, ablations, costs):\n\n" + semantic_report(runs))
-    if args.plot:
-        plot_comparison(runs, Path(args.plot))
-        print(f"\nplot: {args.plot}")
-    return 0
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    from oilbird.replay import ReplayOptions, run_replay
-
-    options = ReplayOptions(url=args.url, dataset=args.dataset, concurrency=args.concurrency,
-                            api_key=args.api_key, limit=args.limit, max_tokens=args.max_tokens,
-                            model=args.model, temperature=args.temperature, seed=args.seed,
-                            stream=args.stream, data_dir=args.data_dir)
-    record = run_replay(options, out_dir=Path(args.out) if args.out else None, progress=not args.no_progress)
-    print(f"replay of {args.dataset} against {record['url']} (model {record['model']}, "
-          f"concurrency {args.concurrency}{', streamed' if args.stream else ''})\n")
-    print(record["table"])
-    if args.out:
-        print(f"\nrecord: {Path(args.out) / 'replay.json'}")
-    return 0
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    from oilbird.datasets import DATASET_NAMES
-    from oilbird.drafters import DRAFTERS
-    from oilbird.models import PRESETS
-
-    print("models:  " + ", ".join(PRESETS) + " (or a .gguf file, a transformers directory, a hub id)")
-    print("datasets: " + ", ".join(DATASET_NAMES) + " (or spec-bench:<category>, or a .jsonl file)")
-    print("methods: " + ", ".join(sorted(DRAFTERS)) + ", hf-pld")
-    print("  append +fly to a drafter (e.g. draft+fly, pld+fly) to verify with FLy's loose rule: LOSSY, opt-in")
+    print(curve.table(config.sizes()))
     return 0
 
 
 def _add_model_arg(parser: argparse.ArgumentParser) -> None:
+    """--model, and where and how it runs: --device, --dtype, --gemm, --attention (ForwardConfig)."""
+    from oilbird.kernels import ForwardConfig
     from oilbird.models import DEFAULT_MODEL
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="preset, .gguf file, directory or hub id")
+    add_config_args(parser, ForwardConfig)
 
 
 def _bench_parser(sub) -> None:
@@ -309,51 +275,12 @@ def _cost_parser(sub) -> None:
     cost.set_defaults(func=cmd_cost)
 
 
-def _replay_parser(sub) -> None:
-    rep = sub.add_parser("replay", help="replay a dataset against an OpenAI-compatible server and measure it")
-    rep.add_argument("--url", required=True, help="the server, e.g. http://localhost:8000 (/v1 is added)")
-    rep.add_argument("--dataset", required=True,
-                     help="api-bank[/<file>], spec-bench[:<category>,...], humaneval, or a .jsonl file")
-    rep.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default: 1)")
-    rep.add_argument("--api-key", default=None, help="the server's API key (default: none)")
-    rep.add_argument("--limit", type=int, default=None, help="only the first N requests (default: all)")
-    rep.add_argument("--max-tokens", type=int, default=64, help="most tokens per answer (default: 64)")
-    rep.add_argument("--model", default=None, help="the served model (default: the first the server lists)")
-    rep.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
-    rep.add_argument("--seed", type=int, default=None, help="sampling seed sent with each request")
-    rep.add_argument("--stream", action="store_true", help="stream the answers and measure time to first token")
-    rep.add_argument("--out", default=None, help="write per-request records and the summary to DIR/replay.json")
-    rep.add_argument("--data-dir", default=None, help="folder holding the shared datasets (default: find it)")
-    rep.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    rep.set_defaults(func=cmd_replay)
-
-
-def _report_parsers(sub) -> None:
-    """`report`, `table` and `list`: commands that read saved runs or listings and load no model."""
-    rep = sub.add_parser("report", help="re-make a benchmark's tables from its records.jsonl")
-    rep.add_argument("run_dir", help="the --out directory of an `oilbird bench` run")
-    rep.add_argument("--by-category", action="store_true", help="one table per request category")
-    rep.add_argument("--first", type=int, default=None, help="only the first N requests served")
-    rep.add_argument("--method", default=None, help="with --by-category: one compact table for this method")
-    rep.set_defaults(func=cmd_report)
-
-    tab = sub.add_parser("table", help="one comparison table (and plot) across benchmark runs")
-    tab.add_argument("run_dirs", nargs="+", help="--out directories of `oilbird bench` runs")
-    tab.add_argument("--plot", default=None, help="also draw τ and speedup to this PNG file")
-    tab.add_argument("--semantic", action="store_true",
-                     help="also the semantic source's tables: with/without pairs, ablations, retrieval cost")
-    tab.set_defaults(func=cmd_table)
-
-    lst = sub.add_parser("list", help="list model presets, datasets and methods")
-    lst.set_defaults(func=cmd_list)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The `oilbird` parser: one subcommand per job, options derived from the config dataclasses."""
     parser = argparse.ArgumentParser(prog="oilbird", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_bench_parser, _diagnose_parser, _generate_parser, _cost_parser, _report_parsers,
-                add_serve_parser, _replay_parser):
+    for add in (_bench_parser, _diagnose_parser, _generate_parser, _cost_parser, add_report_parsers,
+                add_serve_parser, add_replay_parser):
         add(sub)
     return parser
 

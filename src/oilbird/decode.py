@@ -136,7 +136,8 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
     try:
         t = time.perf_counter()
         if drafter.needs_prefill:
-            state, observation = verifier.prefill_observed(prompt_ids, topk=drafter.prefill_topk)
+            state, observation = verifier.prefill_observed(prompt_ids, topk=drafter.prefill_topk,
+                                                           hidden_layer=drafter.hidden_layer)
             drafter.observe_prefill(request_id, observation)
         else:
             state = verifier.prefill(prompt_ids)
@@ -154,7 +155,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                 budget = min(budget, budget_policy.choose())
             tree = drafter.propose(request_id, budget).truncated(budget)
             result.propose_s += time.perf_counter() - t
-            ver = verifier.verify(state, tree)
+            ver = verifier.verify(state, tree, drafter.hidden_layer)
             result.forward_s += ver.forward_s
             t = time.perf_counter()
             committed = ver.committed[: config.max_new_tokens - len(out)]

@@ -19,7 +19,7 @@ The names users import from here (`load_model`, `LoadedModel`, `PRESETS`, `DEFAU
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,7 @@ import torch
 from oilbird.chat import encode_chat
 from oilbird.errors import ModelError, PromptError
 from oilbird.gguf_convert import load_gguf, load_pretrained
+from oilbird.kernels import ForwardConfig, tree_model
 from oilbird.model_fetch import (
     DEFAULT_MODEL,
     PRESETS,
@@ -61,10 +62,30 @@ class LoadedModel:
     source: str  # the file or directory actually loaded
     stop_ids: frozenset[int]
     max_context: int
+    _tree_models: dict = field(default_factory=dict, repr=False)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def tree_model(self, config: ForwardConfig | None = None) -> torch.nn.Module:
+        """The model the verifier should run: `self.model` with the fast kernels of `config`.
+
+        Built once per config and kept (it shares its weights with `self.model`, which stays
+        as loaded: the audit's `generate()` reference runs on that one). See oilbird/kernels.py.
+
+        Raises:
+            ValueError: if `config` asks for a kernel this device or dtype cannot run.
+        """
+        config = config or ForwardConfig()
+        key = (config.gemm, config.attention)
+        if key not in self._tree_models:
+            self._tree_models[key] = tree_model(self.model, config)
+        return self._tree_models[key]
 
     def encode_chat(self, messages: Sequence[Mapping],
                     tools: Sequence[Mapping] | None = None) -> list[int]:
@@ -114,6 +135,10 @@ def load_model(spec: str = DEFAULT_MODEL, *, cache_dir: Path | None = None, devi
     Raises:
         ModelError: the spec names nothing loadable; the message says what was tried.
     """
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} was asked for, but this PyTorch ({torch.__version__}) "
+                         "sees no CUDA GPU; run with --device cpu, or install a CUDA build of torch "
+                         "on a machine with a GPU.")
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     path = Path(spec).expanduser()
     if spec in PRESETS or path.suffix.lower() == ".gguf":

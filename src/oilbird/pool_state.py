@@ -89,7 +89,7 @@ def replay(drafter: Drafter, request_id: str, tenant: str, prompt_ids: list[int]
             drafter.observe(request_id, Verification(
                 tree=tree, prefix_len=len(prompt_ids) - 1, argmax=argmax, topk_ids=argmax[:, None],
                 topk_logits=torch.zeros(len(output_ids), 1), path=list(range(1, len(output_ids))),
-                committed=list(output_ids), finished=False, hidden_states=None))
+                committed=list(output_ids), finished=False, hidden=None))
     finally:
         drafter.stop_request(request_id)
 

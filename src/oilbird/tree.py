@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-import numpy as np
 import torch
 
 
@@ -164,19 +163,29 @@ class DraftTree:
 
     # --- what the verifier needs -----------------------------------------------------------
 
-    def ancestor_matrix(self) -> np.ndarray:
-        """Boolean [N, N]: entry (n, m) is True when m is n or an ancestor of n."""
+    def ancestor_matrix(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Boolean [N, N] on `device`: entry (n, m) is True when m is n or an ancestor of n.
+
+        Built from the parent array on the device by pointer doubling: after round r, row n
+        holds its ancestors up to 2^r levels up, so ceil(log2(depth)) rounds of [N, N] gathers
+        suffice (no per-node Python loop, no host-to-device copy of an [N, N] matrix).
+        """
         n_nodes = len(self)
-        visible = np.zeros((n_nodes, n_nodes), dtype=bool)
-        for n in range(n_nodes):
-            if self.parents[n] >= 0:
-                visible[n] = visible[self.parents[n]]  # parents come first, so their row is done
-            visible[n, n] = True
+        nodes = torch.arange(n_nodes, device=device)  # [N]
+        jump = torch.tensor(self.parents, device=device).clamp(min=0)  # [N]; the root points to itself
+        visible = torch.zeros((n_nodes, n_nodes), dtype=torch.bool, device=device)  # [N, N]
+        visible[nodes, nodes] = True
+        visible[nodes, jump] = True
+        reach = 1
+        while reach < max(self.depths):
+            visible |= visible[jump]  # ancestors of my 2^r-th ancestor: up to 2^(r+1) levels
+            jump = jump[jump]
+            reach *= 2
         return visible
 
     def attention_mask(self, prefix_len: int, dtype: torch.dtype,
                        device: torch.device | str = "cpu") -> torch.Tensor:
-        """Additive 4-D mask for a tree forward over a cache of `prefix_len` tokens.
+        """Additive 4-D mask for a tree forward over a cache of `prefix_len` tokens, built on `device`.
 
         Row n sees every cached column and the columns of n and its ancestors; everything else
         holds the dtype's minimum, so each root-to-node path is scored as if it were alone.
@@ -185,11 +194,9 @@ class DraftTree:
             Tensor [1, 1, N, prefix_len + N].
         """
         n_nodes = len(self)
-        visible = torch.ones((n_nodes, prefix_len + n_nodes), dtype=torch.bool)  # [N, P+N]
-        visible[:, prefix_len:] = torch.from_numpy(self.ancestor_matrix())
-        mask = torch.zeros(visible.shape, dtype=dtype)
-        mask.masked_fill_(~visible, torch.finfo(dtype).min)
-        return mask[None, None].to(device)  # [1, 1, N, P+N]
+        mask = torch.zeros((n_nodes, prefix_len + n_nodes), dtype=dtype, device=device)  # [N, P+N]
+        mask[:, prefix_len:].masked_fill_(~self.ancestor_matrix(device), torch.finfo(dtype).min)
+        return mask[None, None]  # [1, 1, N, P+N]
 
     def position_ids(self, prefix_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """Positions P + depth: siblings share a position. Returns [1, N]."""

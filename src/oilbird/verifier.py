@@ -9,7 +9,11 @@ Contract:
   when its token equals the argmax at its parent), appends the bonus token (the argmax at the last
   accepted node), cuts at a stop token, and compacts the cache to the accepted path.
 - After every forward the result exposes, for all N nodes (rejected ones included), the argmax,
-  the top-k ids and every layer's hidden state, for drafters that harvest them.
+  the top-k ids and, when the caller asks for one (`hidden_layer`, the drafter's
+  `Drafter.hidden_layer`), that layer's hidden state, for drafters that harvest them.
+- The cache is a `TreeCache` (oilbird/kv_cache.py): rows written in place, compacted by row moves.
+  Give the verifier `oilbird.kernels.tree_model(model)` for the fast kernels (oneDNN GEMM, tree
+  attention without cache copies); `LoadedModel.tree_model()` builds it once per model.
 - With a `FlyConfig` (opt-in, lossy) the walk is FLy's loose rule (`oilbird.fly`) instead: a
   mismatching draft token may be committed where the target was unsure and the draft agrees again
   right after; such nodes are listed in `Verification.forgiven`.
@@ -25,11 +29,12 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from oilbird.errors import ModelError
 from oilbird.fly import FlyConfig, entropy, fly_walk
+from oilbird.kv_cache import TreeCache, compact_cache, new_cache
 from oilbird.tree import DraftTree
+from oilbird.tree_attention import TREE_ATTENTION
 
 
 @dataclass
@@ -38,8 +43,6 @@ class VerifierConfig:
 
     top_k: int = 10
     """Top-k token ids exposed per node (the widest consumer, GOOSE's adjacency table, uses 10; Token Recycling reads the first 8)."""
-    collect_hidden: bool = True
-    """Expose every layer's hidden states (drafters pick their layer); off saves a little memory traffic for drafters that ignore them."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
@@ -50,7 +53,7 @@ class VerifierConfig:
 class KVState:
     """Per-request decoding state: the cache and what it holds."""
 
-    cache: DynamicCache
+    cache: TreeCache
     """transformers cache holding the KV of `length` committed tokens."""
     length: int
     """P: the number of tokens whose KV is cached (every committed token but the anchor)."""
@@ -68,8 +71,8 @@ class PrefillObservation:
     """[P, k] target top-k ids at every prefilled position (the prediction of the next token)."""
     topk_logits: torch.Tensor
     """[P, k] the logits of those ids."""
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    """Every layer's state, [P, hidden] each (index 0: input embeddings; -1: after the final norm), or None."""
+    hidden: torch.Tensor | None = None
+    """[P, hidden] the asked-for layer's state at every prefilled position, or None when none was asked for."""
 
 
 @dataclass
@@ -92,8 +95,8 @@ class Verification:
     """Tokens committed by this forward: the accepted drafts plus the bonus (unless cut)."""
     finished: bool
     """True when a stop token was committed."""
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    """Every layer's state, [N, hidden] each (index 0: input embeddings; -1: after the final norm), or None."""
+    hidden: torch.Tensor | None = None
+    """[N, hidden] the asked-for layer's state at every node (see `hidden_layer`), or None when none was asked for."""
     forward_s: float = 0.0
     """Seconds spent in the model forward (including argmax/top-k)."""
     bookkeeping_s: float = 0.0
@@ -106,7 +109,8 @@ class TreeVerifier:
     """Verifies draft trees with one forward each over a transformers model.
 
     Args:
-        model: a transformers causal LM whose attention honors a custom 4-D mask (eager/SDPA).
+        model: a transformers causal LM whose attention honors a custom 4-D mask (SDPA, eager,
+            or `TREE_ATTENTION`); pass `LoadedModel.tree_model()` for the fast kernels.
         stop_ids: token ids that end a request.
         config: what to expose per forward.
         fly: FLy's loose acceptance rule (lossy); None: strict greedy verification.
@@ -122,6 +126,17 @@ class TreeVerifier:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
 
+    def _hidden(self, out, layer: int | None) -> torch.Tensor | None:
+        """The asked-for layer's states from a forward's output, [T, hidden], or None."""
+        if layer is None:
+            return None
+        try:
+            return out.hidden_states[layer][0]
+        except IndexError:
+            raise ModelError(f"hidden layer {layer} is out of range: the model exposes "
+                             f"{len(out.hidden_states)} hidden states (0 = input embeddings, "
+                             "-1 = after the final norm)") from None
+
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int]) -> KVState:
         """Cache the KV of `prompt_ids[:-1]`; the last prompt token becomes the anchor.
@@ -131,7 +146,7 @@ class TreeVerifier:
         """
         if not prompt_ids:
             raise ValueError("cannot prefill an empty prompt")
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model.config)
         if len(prompt_ids) > 1:
             ids = torch.tensor([prompt_ids[:-1]], device=self.device)  # [1, P]
             # logits_to_keep=1: the prefill commits nothing, so skip the [P, V] logits.
@@ -139,17 +154,18 @@ class TreeVerifier:
         return KVState(cache=cache, length=len(prompt_ids) - 1, anchor=int(prompt_ids[-1]))
 
     @torch.inference_mode()
-    def prefill_observed(self, prompt_ids: list[int], chunk: int = 256,
-                         topk: bool = True) -> tuple[KVState, PrefillObservation]:
-        """`prefill`, also returning the top-k and hidden states at every prefilled position.
+    def prefill_observed(self, prompt_ids: list[int], chunk: int = 256, topk: bool = True,
+                         hidden_layer: int | None = -1) -> tuple[KVState, PrefillObservation]:
+        """`prefill`, also returning the top-k and a hidden layer at every prefilled position.
 
         The LM head is applied in chunks of `chunk` positions, so memory stays at
         [chunk, V] logits instead of [P, V]. Costs roughly one extra LM-head pass over the prompt;
-        `topk=False` skips it (the top-k tensors are then empty [P, 0]).
+        `topk=False` skips it (the top-k tensors are then empty [P, 0]). `hidden_layer` indexes
+        transformers' `hidden_states` (0: input embeddings, -1: after the final norm); None: none.
         """
         if not prompt_ids:
             raise ValueError("cannot prefill an empty prompt")
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model.config)
         k = self.config.top_k
         prefix = prompt_ids[:-1]
         if not prefix:
@@ -169,20 +185,24 @@ class TreeVerifier:
         else:
             topk_ids = torch.zeros((n, 0), dtype=torch.long, device=final.device)  # [P, 0]
             topk_logits = torch.zeros((n, 0), device=final.device)
-        states = tuple(h[0] for h in out.hidden_states) if self.config.collect_hidden else None  # [P, hidden] each
         state = KVState(cache=cache, length=len(prefix), anchor=int(prompt_ids[-1]))
-        return state, PrefillObservation(list(prefix), topk_ids, topk_logits, states)
+        return state, PrefillObservation(list(prefix), topk_ids, topk_logits, self._hidden(out, hidden_layer))
 
     @torch.inference_mode()
-    def verify(self, state: KVState, tree: DraftTree) -> Verification:
+    def verify(self, state: KVState, tree: DraftTree, hidden_layer: int | None = None) -> Verification:
         """Run one forward over `tree`, commit the greedy path and compact the cache.
+
+        This is the one forward decoding runs: an autoregressive step is a one-node tree, and
+        the cost curve (oilbird/budget.py) times this very call.
 
         Args:
             state: the request's KV state; updated in place (cache, length, anchor).
             tree: a draft tree whose root token is `state.anchor`.
+            hidden_layer: which hidden state to return per node (an index into transformers'
+                `hidden_states`: 0 input embeddings, -1 after the final norm); None: none.
 
         Returns:
-            The verification: per-node argmax/top-k/hidden states, accepted path and committed tokens.
+            The verification: per-node argmax/top-k (and hidden state), accepted path and committed tokens.
 
         Raises:
             ValueError: if the tree's root is not the anchor.
@@ -199,12 +219,10 @@ class TreeVerifier:
         t1 = time.perf_counter()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=state.cache, use_cache=True,
-                         output_hidden_states=self.config.collect_hidden)
+                         output_hidden_states=hidden_layer is not None)
         logits = out.logits[0]  # [N, V]
-        argmax = logits.argmax(dim=-1)  # [N]
-        topk = logits.topk(min(self.config.top_k, logits.shape[-1]), dim=-1)
-        topk_ids, topk_logits = topk.indices, topk.values  # [N, k] each
-        states = tuple(h[0] for h in out.hidden_states) if self.config.collect_hidden else None  # [N, hidden] each
+        topk_ids, topk_logits, argmax = top_k_and_argmax(logits, self.config.top_k)
+        hidden = self._hidden(out, hidden_layer)  # [N, hidden] or None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
@@ -230,9 +248,29 @@ class TreeVerifier:
         state.anchor = committed[-1]
         t3 = time.perf_counter()
         return Verification(tree=tree, prefix_len=prefix, argmax=argmax, topk_ids=topk_ids,
-                            topk_logits=topk_logits, hidden_states=states, path=path,
+                            topk_logits=topk_logits, hidden=hidden, path=path,
                             committed=committed, finished=finished, forgiven=forgiven,
                             forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
+
+
+def top_k_and_argmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k ids and logits and the argmax of [N, V] logits, in one pass over the vocabulary.
+
+    The argmax is the top-1 id, except in a row whose top two logits tie exactly: there
+    `torch.topk` may order the tied ids either way, so that row takes `argmax` (the lowest tied
+    id, as transformers' greedy decoding does).
+
+    Returns:
+        ([N, k] ids, [N, k] logits, [N] argmax).
+    """
+    top = logits.topk(min(max(k, 2), logits.shape[-1]), dim=-1)
+    ids, values = top.indices, top.values  # [N, max(k, 2)]
+    argmax = ids[:, 0].clone()  # [N]
+    if values.shape[-1] > 1:
+        tied = (values[:, 0] == values[:, 1]).nonzero().flatten()
+        if len(tied):
+            argmax[tied] = logits[tied].argmax(dim=-1)
+    return ids[:, :k], values[:, :k], argmax
 
 
 def check_tree_attention(config) -> None:
@@ -245,7 +283,7 @@ def check_tree_attention(config) -> None:
         ModelError: naming the problem and what to do.
     """
     impl = getattr(config, "_attn_implementation", None) or "sdpa"
-    if impl not in ("sdpa", "eager"):
+    if impl not in ("sdpa", "eager", TREE_ATTENTION):
         raise ModelError(f"attention implementation {impl!r} ignores custom tree masks; "
                          "load the model with attn_implementation='sdpa' or 'eager'")
     layer_types = getattr(config, "layer_types", None) or ()
@@ -267,22 +305,3 @@ def greedy_walk(tree: DraftTree, preds: list[int]) -> list[int]:
             return path
         path.append(child)
         node = child
-
-
-def compact_cache(cache: DynamicCache, prefix: int, n_nodes: int, path: list[int]) -> None:
-    """Keep cache rows [0, P] (prefix and root) and P + c for c in `path`; drop the rest.
-
-    Accepted rows are copied down to P+1.. in place, then the tail is cropped, so the cost is
-    O(|path|) per layer rather than a copy of the whole cache.
-    """
-    keep = prefix + 1 + len(path)
-    if path and path != list(range(1, len(path) + 1)):  # rows not already in place
-        src = torch.tensor(path, dtype=torch.long) + prefix  # [L]
-        dst = torch.arange(prefix + 1, keep)  # [L]
-        for layer in cache.layers:
-            src_d, dst_d = src.to(layer.keys.device), dst.to(layer.keys.device)
-            layer.keys[:, :, dst_d] = layer.keys[:, :, src_d]  # RHS gathers first: overlap-safe
-            layer.values[:, :, dst_d] = layer.values[:, :, src_d]
-    drop = prefix + n_nodes - keep
-    if drop > 0:
-        cache.crop(-drop)

@@ -23,7 +23,7 @@ another's drafts, bound each tenant's state by a cap in their config, and forget
 The state keeps the request's committed sequence (prompt + output); `propose` roots its tree at
 the last committed token, the anchor. `observe` receives the `Verification`: the committed
 tokens and, for every node of the verified tree (rejected ones included), the target's argmax
-and, where the engine computes them, its top-k ids and hidden states. A drafter may only use
+and, where the engine computes them, its top-k ids and the hidden state at `hidden_layer`. A drafter may only use
 what was committed before the moment it proposes; the harness never shows it anything else.
 """
 
@@ -72,6 +72,10 @@ class Drafter:
     """True when the drafter runs a model of its own and cannot draft before `attach(target)`."""
     prefill_topk: ClassVar[bool] = True
     """With `needs_prefill`: whether the prefill's top-k is wanted (it costs an LM-head pass over the prompt)."""
+    hidden_layer: int | None = None
+    """The hidden state the drafter reads from each forward (an index into transformers'
+    `hidden_states`: 0 input embeddings, -1 after the final norm), or None for none; the
+    verifier computes only what some drafter reads."""
 
     def __init__(self, config=None) -> None:
         self.config = config if config is not None else self.Config()

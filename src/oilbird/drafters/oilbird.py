@@ -111,6 +111,7 @@ class SemanticDrafter(Drafter):
         self.host = self.host_class(host_config)
         self.needs_prefill = True  # the first query (and the prompt's records) come from the prefill
         self.prefill_topk = self.host.needs_prefill and self.host.prefill_topk
+        self.hidden_layer = self.config.sem_layer  # the one hidden state the verifier computes for us
         self.memories: TenantMap[SemanticMemory] = TenantMap(lambda: SemanticMemory(self.config))
 
     # --- request lifecycle --------------------------------------------------------------------
@@ -162,15 +163,12 @@ class SemanticDrafter(Drafter):
         """Load a trace store written by `tenant_snapshot` into the tenant's (empty) memory."""
         restore_memory(self.memories.get(tenant), tensors)
 
-    def _layer(self, hidden_states) -> torch.Tensor:
-        if hidden_states is None:
-            raise ConfigError(f"{self.name} keys its store by hidden states; "
-                              "run the verifier with collect_hidden=True")
-        try:
-            return hidden_states[self.config.sem_layer]
-        except IndexError:
-            raise ConfigError(f"sem_layer={self.config.sem_layer} is out of range: the model exposes "
-                              f"{len(hidden_states)} hidden states (0 = input embeddings)") from None
+    def _layer(self, hidden: torch.Tensor | None) -> torch.Tensor:
+        if hidden is None:
+            raise ConfigError(f"{self.name} keys its store by hidden states; run the verifier "
+                              f"with hidden_layer={self.hidden_layer} (the decode loop passes "
+                              "the drafter's `hidden_layer`)")
+        return hidden
 
     def observe_prefill(self, request_id: str, observation: PrefillObservation) -> None:
         """Take the first query from the prefill and, where it covers the prompt, index the prompt.
@@ -186,7 +184,7 @@ class SemanticDrafter(Drafter):
         if not observation.tokens:
             return  # a one-token prompt: no state predicted the anchor
         t = time.perf_counter()
-        states = self._layer(observation.hidden_states)  # [P, d] (full) or [<P, d] (partial)
+        states = self._layer(observation.hidden)  # [P, d] (full) or [<P, d] (partial)
         memory = state.memory
         store = memory.ensure(states)
         if len(states):
@@ -294,11 +292,11 @@ class SemanticDrafter(Drafter):
         (which may be None; only the host may read it)."""
         self.host.observe(request_id, verification)
         state = super().observe(request_id, verification)
-        if verification.hidden_states is None:
+        if verification.hidden is None:
             return state  # text only (a replay of the request log, oilbird/pool_state.py): the host's
         t = time.perf_counter()
         ver, memory = verification, state.memory
-        states = self._layer(ver.hidden_states)  # [N, d]
+        states = self._layer(ver.hidden)  # [N, d]
         store = memory.ensure(states)
         if state.paid:
             accepted = len(set(ver.path) & set(state.paid))

@@ -124,7 +124,7 @@ class OilbirdReplica:
             torch.set_num_threads(torch_threads)
         self.loaded = load_model(model)
         self.drafter = build_drafter(method, {}, self.loaded)
-        self.verifier = TreeVerifier(self.loaded.model, self.loaded.stop_ids)
+        self.verifier = TreeVerifier(self.loaded.tree_model(), self.loaded.stop_ids)
         self.node_budget = node_budget
         try:
             self.replica_id = serve.get_replica_context().replica_id.unique_id

@@ -222,13 +222,13 @@ class EngineDrafter:
         else:  # the committed tokens are the argmax where they exist (greedy); unknown past them
             argmax = torch.full((n,), -1, dtype=torch.long)
             argmax[: len(request.committed[:n])] = torch.tensor(request.committed[:n])
-        hidden = (request.hidden[:n],) if request.hidden is not None else None
+        hidden = request.hidden[:n] if request.hidden is not None else None  # [N, d]
         return Verification(
             tree=tree, prefix_len=len(self.drafter.requests[request.request_id].sequence) - 1,
             argmax=argmax, topk_ids=topk_ids,
             topk_logits=request.topk_logits[:n] if request.topk_logits is not None else None,
             path=list(range(1, accepted + 1)), committed=committed,
-            finished=False, hidden_states=hidden)
+            finished=False, hidden=hidden)
 
     def _propose(self, request_id: str, max_drafts: int, min_reach: float) -> list[int]:
         if max_drafts < 1:

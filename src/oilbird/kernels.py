@@ -1,0 +1,154 @@
+"""The model the verifier runs: the caller's transformers model with faster kernels, exactly.
+
+A tree forward over N nodes should cost about what one token costs until the hardware becomes
+compute-bound. On this project's CPU it did not, for two reasons in the software:
+
+- **GEMM.** PyTorch's default fp32 linear (MKL) takes a fast matrix-vector path for one row but
+  a general GEMM path for 2-64 rows that costs 2-6x as much, on the LM head above all (on AMD
+  CPUs MKL does not pick its tuned kernels). oneDNN with weights pre-packed into its blocked
+  layout (`PackedLinear`, the layout `torch.compile`'s CPU freezing also uses) is flat from 1 to 4
+  rows and ~1.5x at 8, and faster than MKL even at one row. Measured in `scripts/gemm_probe.py`
+  (docs/ENGINE.md); `gemm='default'` keeps PyTorch's linear.
+- **Attention.** transformers copies the cache per query group whenever a mask is given;
+  `oilbird.tree_attention` attends over it in place.
+
+`tree_model(model, config)` returns a *copy* of the model's module tree that shares every weight
+tensor with the original (no second copy of the weights; packed GEMM weights are the only new
+memory) and has its `nn.Linear` layers swapped for `PackedLinear` and its attention set to
+`TREE_ATTENTION`. The caller's model is left untouched: the losslessness audit runs
+transformers' `generate()` on it, an independent reference with PyTorch's default kernels.
+Swapping layers on our own copy is how quantisation backends plug into transformers; no
+modeling file or class is changed.
+
+Exactness: oneDNN sums in a different order than MKL, so logits differ in the last bits; a
+near-tie argmax can flip. The audit reports every divergence with its logit margin
+(docs/RESULTS.md counts them).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from oilbird.tree_attention import TREE_ATTENTION
+
+GEMMS = ("auto", "onednn", "default")
+ATTENTIONS = ("tree", "sdpa")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ForwardConfig:
+    """Where and how the verifier's forward runs: device, dtype and kernels."""
+
+    device: str = "cpu"
+    """Where the model runs: 'cpu', 'cuda' or 'cuda:N'."""
+    dtype: str = "float32"
+    """Weight and activation dtype: float32 (the reference precision on the CPU), bfloat16 or float16."""
+    gemm: str = "auto"
+    """Linear layers: 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (oneDNN on a CPU that has it, else default)."""
+    attention: str = "tree"
+    """'tree': grouped-query attention over the cache in place (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.gemm not in GEMMS:
+            raise ValueError(f"gemm must be one of {', '.join(GEMMS)}, got {self.gemm!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def onednn_available() -> bool:
+    """True when this PyTorch build can pack linear weights for oneDNN."""
+    return (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype) -> str:
+    """The GEMM a model on `device` in `dtype` gets: 'onednn' or 'default'.
+
+    Raises:
+        ValueError: if 'onednn' is asked for where it cannot run.
+    """
+    fits = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_available()
+    if config.gemm == "onednn" and not fits:
+        raise ValueError(f"gemm='onednn' needs a CPU model in float32 or bfloat16 and a PyTorch "
+                         f"build with oneDNN; this model is {dtype} on {device.type}. "
+                         "Use gemm='default' (or 'auto').")
+    if config.gemm == "auto":
+        return "onednn" if fits else "default"
+    return config.gemm
+
+
+class PackedLinear(torch.nn.Module):
+    """`nn.Linear` computed by oneDNN from weights packed once into its blocked layout.
+
+    Args:
+        linear: the layer to pack; its weight and bias tensors are shared, not copied.
+    """
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # kept for code that reads it (e.g. tied embeddings)
+        self.bias = linear.bias
+        with torch.no_grad():
+            # [blocked] oneDNN's layout for any row count (no batch-size hint).
+            self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()),
+                                 persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        rows = x.reshape(-1, self.in_features)  # [M, in]
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+
+
+def describe_kernels(model: torch.nn.Module) -> str:
+    """'<gemm>/<attention>' of a model, e.g. 'onednn/oilbird_tree' (for cost-curve keys and records)."""
+    packed = any(isinstance(m, PackedLinear) for m in model.modules())
+    return f"{'onednn' if packed else 'default'}/{model.config._attn_implementation}"
+
+
+def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> torch.nn.Module:
+    """A copy of `model` that shares its weights and runs the kernels `config` picks.
+
+    Args:
+        model: a transformers causal LM in eval mode.
+        config: which kernels (default: `ForwardConfig()`).
+
+    Returns:
+        The model itself when `config` changes nothing; otherwise a copy of its module tree
+        (weights shared, `nn.Linear` -> `PackedLinear` where the GEMM is oneDNN, attention
+        `TREE_ATTENTION` where asked).
+
+    Raises:
+        ValueError: if `config` asks for a kernel this model's device or dtype cannot run.
+    """
+    config = config or ForwardConfig()
+    param = next(model.parameters())
+    gemm = resolve_gemm(config, param.device, param.dtype)
+    if gemm == "default" and config.attention == "sdpa":
+        return model
+    # Every parameter and buffer maps to itself: the copy shares all tensors with `model`.
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    fast = copy.deepcopy(model, memo)
+    if gemm == "onednn":
+        for name, module in list(fast.named_modules()):
+            if type(module) is torch.nn.Linear:
+                fast.set_submodule(name, PackedLinear(module))
+    if config.attention == "tree":
+        fast.set_attn_implementation(TREE_ATTENTION)
+    return fast.eval()

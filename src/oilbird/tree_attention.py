@@ -1,0 +1,61 @@
+"""Tree attention without copying the cache per head group, registered with transformers.
+
+transformers' SDPA path handles grouped-query attention (GQA: fewer key/value heads than query
+heads) without copies only when there is no mask. A tree forward needs a custom 4-D mask, and
+then `repeat_kv` copies every layer's whole cached K and V once per query group (3x for SmolLM2's
+9/3 heads, 7x for Qwen2.5's 14/2) before attending over the copies: work that grows with the
+cache, paid by every tree forward and by none of the autoregressive steps.
+
+`tree_attention` is the same computation with `enable_gqa=True`: PyTorch's SDPA reads each
+key/value head for its query group in place, mask or no mask. On the CPU kernels this is
+bit-identical to the copying path (tests/test_tree_attention.py checks it). Forwards without a
+mask (prefill, autoregressive steps) go to transformers' own SDPA function unchanged.
+
+The function is registered under `TREE_ATTENTION` through transformers' `AttentionInterface` (and
+SDPA's mask builder under the same name through `AttentionMaskInterface`, so `generate()` and the
+prefill build exactly the masks SDPA would). A model opts in with
+`model.set_attn_implementation(TREE_ATTENTION)`; `oilbird.kernels.tree_model` does that on its
+own copy of the model, never on the caller's.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+TREE_ATTENTION = "oilbird_tree"
+"""The attention implementation name models are switched to (`model.set_attn_implementation`)."""
+
+
+def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                   value: torch.Tensor, attention_mask: torch.Tensor | None,
+                   dropout: float = 0.0, scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention for one layer; the signature of transformers' attention functions.
+
+    Args:
+        module: the attention module (its `num_key_value_groups` says whether heads are grouped).
+        query: [B, H_q, N, D] queries of the N tokens in the forward.
+        key: [B, H_kv, S, D] keys of the cache and the N tokens (S = cached + N).
+        value: [B, H_kv, S, D] their values.
+        attention_mask: [B or 1, 1, N, S] additive mask (the tree's), or None.
+        dropout: attention dropout (0 at inference).
+        scaling: the softmax scale (1/sqrt(D) when None).
+
+    Returns:
+        ([B, N, H_q, D] attention output, None): what transformers' attention modules expect.
+    """
+    groups = getattr(module, "num_key_value_groups", 1)
+    if attention_mask is None or query.shape[2] == 1 or groups == 1:
+        # Nothing to save: no mask means transformers already attends without copies.
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        enable_gqa=True)  # [B, H_q, N, D]
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(TREE_ATTENTION, tree_attention)
+AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)

@@ -1,0 +1,67 @@
+"""The verifier's fast copy of a model: shared weights, oneDNN GEMM, tree attention; the
+caller's model untouched; bad kernel choices refused with a clear message."""
+
+import pytest
+import torch
+
+from oilbird.kernels import (ForwardConfig, PackedLinear, describe_kernels, onednn_available,
+                             resolve_gemm, tree_model)
+from oilbird.tree_attention import TREE_ATTENTION
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 2, 8, 64])
+def test_packed_linear_computes_the_linear(rows):
+    g = torch.Generator().manual_seed(rows)
+    linear = torch.nn.Linear(96, 300, bias=True)
+    x = torch.randn(1, rows, 96, generator=g)
+    with torch.inference_mode():
+        ours, ref = PackedLinear(linear)(x), linear(x)
+    assert ours.shape == ref.shape == (1, rows, 300)
+    assert torch.allclose(ours, ref, atol=1e-5, rtol=1e-4)
+
+
+@needs_onednn
+def test_tree_model_shares_weights_and_leaves_the_model_alone(smol):
+    fast = smol.tree_model()
+    assert fast is smol.tree_model()  # built once per config
+    assert describe_kernels(fast) == f"onednn/{TREE_ATTENTION}"
+    assert describe_kernels(smol.model) == "default/sdpa"  # the audit's reference is untouched
+    assert type(smol.model.lm_head) is torch.nn.Linear and isinstance(fast.lm_head, PackedLinear)
+    ours = dict(fast.named_parameters())
+    for name, param in smol.model.named_parameters():
+        assert ours[name].data_ptr() == param.data_ptr(), name  # no second copy of the weights
+    ids = torch.tensor([[1, 9690, 198, 2683, 359, 253]])
+    with torch.inference_mode():
+        a, b = smol.model(input_ids=ids).logits, fast(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=1e-2) and torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_nothing_to_change_returns_the_model_itself(smol):
+    assert tree_model(smol.model, ForwardConfig(gemm="default", attention="sdpa")) is smol.model
+
+
+def test_bad_choices_are_refused_with_what_to_do():
+    with pytest.raises(ValueError, match="gemm must be one of"):
+        ForwardConfig(gemm="mkl")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        ForwardConfig(attention="flash")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        ForwardConfig(dtype="fp8")
+    with pytest.raises(ValueError, match="device must be"):
+        ForwardConfig(device="tpu")
+    with pytest.raises(ValueError, match="gemm='default'"):
+        resolve_gemm(ForwardConfig(gemm="onednn"), torch.device("cpu"), torch.float16)
+    assert resolve_gemm(ForwardConfig(), torch.device("cuda"), torch.bfloat16) == "default"
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    from oilbird.errors import ModelError
+    from oilbird.models import load_model
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ModelError, match="--device cpu"):
+        load_model("smollm2-135m", device="cuda", cache_dir=tmp_path)
