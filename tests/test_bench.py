@@ -117,3 +117,27 @@ def test_answers_of_gradable_requests_are_graded_per_method(smol):
     assert "Accuracy of the answers" in summary["table"]
     assert run_bench(smol, BenchConfig(dataset="spec-bench:writing", limit=1, max_new_tokens=4, warmup=0,
                                        methods="pld"), progress=False)["rows"][1]["graded"] == 0
+
+
+def test_a_sampled_run_replaces_the_audit_with_the_distribution_check(smol, tmp_path):
+    import pytest
+
+    from oilbird.sampling import SamplingConfig
+    from oilbird.summary import audit_failures
+    from oilbird.tables import audit_cell
+
+    sampling = SamplingConfig(temperature=0.7, top_p=0.95, seed=5)
+    config = BenchConfig(dataset="api-bank/level-1-api", limit=3, max_new_tokens=32,
+                         methods="pld,sam", warmup=0, sampling=sampling)
+    summary = run_bench(smol, config, out_dir=tmp_path, progress=False)
+    rows = {r["method"]: r for r in summary["rows"]}
+    assert list(rows) == ["ar", "pld", "sam"]  # no greedy reference: nothing to compare token for token
+    for row in rows.values():
+        assert row["audited"] == 0 and row["dist_n"] == row["new_tokens"] > 0
+        assert abs(row["dist_z"]) < 4 and audit_cell(row).startswith("dist z=")
+    assert not audit_failures(summary["rows"]) and summary["config"]["sampling"]["temperature"] == 0.7
+    # A biased sampler fails the check: the same rows with every drawn token made the likeliest.
+    biased = dict(rows["pld"], dist_z=9.0, dist_failed=True)
+    assert audit_cell(biased).startswith("FAILED") and audit_failures([biased]) == [biased]
+    with pytest.raises(ValueError, match="hf-pld"):
+        BenchConfig(methods="pld,hf-pld", sampling=sampling)

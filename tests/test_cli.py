@@ -80,6 +80,22 @@ def test_cost_measures_and_caches_the_forward_cost_curve(capsys, smol):
     assert again == out  # the second call reads the cached curve
 
 
+def test_bench_prints_its_cost_curve_and_records_its_kernels(capsys, smol, tmp_path):
+    for kernels in (["--gemm", "default", "--attention", "sdpa"], []):
+        out_dir = tmp_path / ("plain" if kernels else "fast")
+        code, out, _ = run_cli(capsys, "bench", "--dataset", "api-bank/level-1-api", "--limit", "1",
+                               "--max-new-tokens", "8", "--methods", "pld", "--budget", "auto",
+                               "--budget-grid", "1,4", "--budget-cost-prefix", "64", "--warmup", "0",
+                               "--no-progress", "--out", str(out_dir), *kernels)
+        assert code == 0
+        assert "The cost curve the 'auto' budget used" in out and "| 4 |" in out
+        summary = json.loads((out_dir / "summary.json").read_text())
+        expected = "default/sdpa" if kernels else "onednn/oilbird_tree"
+        assert summary["environment"]["kernels"] == expected
+        assert f"kernels={expected}" in summary["budget_curve"]["key"]
+        assert summary["audit_failed"] == []
+
+
 def test_cost_has_no_mode_option(capsys):
     with pytest.raises(SystemExit):
         main(["cost", "--budget-mode", "fixed"])

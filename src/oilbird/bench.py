@@ -30,7 +30,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,6 +42,7 @@ from oilbird.budget import AdaptiveBudget, BudgetConfig, CostCurve, load_or_meas
 from oilbird.datasets import Workload
 from oilbird.decode import DecodeConfig, check_prompt, decode
 from oilbird.kernels import ForwardConfig, describe_kernels
+from oilbird.sampling import SamplingConfig
 from oilbird.methods import build_drafter, check_spec, fly_config, is_drafter, split_methods
 from oilbird.models import LoadedModel, default_cache_dir
 from oilbird.summary import REFERENCE, audit_failures, summarize
@@ -63,6 +64,8 @@ class BenchConfig(Workload):
     """Requests run (untimed, with throw-away drafters) before measuring."""
     audit: bool = True
     """Check every output token for token against transformers generate(do_sample=False)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Greedy (temperature 0, audited token for token) or sampled (the distribution check replaces the audit)."""
     grade: bool = True
     """Grade the answers of requests with a checkable reference (GSM8K: Spec-Bench math_reasoning; HumanEval: its tests, run in a subprocess) and report accuracy per method."""
 
@@ -74,6 +77,11 @@ class BenchConfig(Workload):
             if budget != "auto" and not (budget.isdigit() and int(budget) >= 1):
                 raise ValueError(f"--budget must be positive integers or 'auto', got {self.budget!r}")
             DecodeConfig(self.max_new_tokens, node_budget(budget))  # validates both
+        if not self.sampling.greedy:
+            unsampled = [m for m in split_methods(self.methods) if m == "hf-pld" or fly_config(m)]
+            if unsampled:
+                raise ValueError(f"{', '.join(unsampled)} decode(s) greedily only; leave them out "
+                                 "of a sampled run (temperature > 0) or sample at temperature 0")
 
     def budgets(self) -> list[str]:
         """The budgets to run, in the order given ('60,auto' -> ['60', 'auto'])."""
@@ -195,7 +203,8 @@ class Harness:
         if spec == "hf-pld":
             res = hf_prompt_lookup(self.loaded.model, ids, limit, self.loaded.stop_ids)
             return dict(output_ids=res.output_ids, forwards=res.forwards, wall_s=res.wall_s)
-        result = decode(self.verifier_of(spec), drafter, ids, DecodeConfig(limit, node_budget(budget)),
+        result = decode(self.verifier_of(spec), drafter, ids,
+                        DecodeConfig(limit, node_budget(budget), sampling=self.config.sampling),
                         max_context=self.loaded.max_context, request_id=request_id,
                         tenant=self.config.dataset,  # one pool per dataset, as the papers serve them
                         budget_policy=policy)
@@ -213,8 +222,9 @@ class Harness:
     def serve(self, request, ids: list[int], grader: Grader) -> list[dict]:
         """One request under every method, back to back; its records (the reference's first)."""
         config, records = self.config, []
+        # A sampled run has no token-for-token reference: its rows carry the distribution check.
         ref = (greedy_reference(self.loaded.model, ids, config.max_new_tokens, self.loaded.stop_ids)
-               if config.audit else None)
+               if config.audit and config.sampling.greedy else None)
         greedy = None
         if ref is not None:
             greedy = (REFERENCE, ref.output_ids)
@@ -321,7 +331,8 @@ def run_bench(loaded: LoadedModel, config: BenchConfig, drafter_configs: dict | 
 
 def _summary(harness: Harness, records: list[dict], interrupted: bool) -> dict:
     config, loaded, drafters = harness.config, harness.loaded, harness.drafters
-    rows = summarize(records, [REFERENCE] * config.audit + [label for label, _, _ in harness.variants])
+    audited = config.audit and config.sampling.greedy  # a sampled run has no greedy reference row
+    rows = summarize(records, [REFERENCE] * audited + [label for label, _, _ in harness.variants])
     for row in rows:  # pool/table memory at the end of the run
         row["memory_bytes"] = drafters[row["method"]].memory_bytes() if row["method"] in drafters else None
     curve = next(iter(harness.curves.values()), None)

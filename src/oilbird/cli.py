@@ -76,9 +76,11 @@ def _load(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     from oilbird.bench import BenchConfig, run_bench
     from oilbird.budget import BudgetConfig
+    from oilbird.sampling import SamplingConfig
     from oilbird.verifier import VerifierConfig
 
-    config = config_from_args(BenchConfig, args, prefix="")
+    config = config_from_args(BenchConfig, args, prefix="",
+                              sampling=config_from_args(SamplingConfig, args, prefix=""))
     _set_threads(args)
     config.method_list()  # unknown methods fail before the model loads
     drafter_configs = _drafter_configs(args)
@@ -115,10 +117,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from oilbird.decode import DecodeConfig, decode
     from oilbird.drafters import make_drafter
     from oilbird.fly import FlyConfig
+    from oilbird.sampling import SamplingConfig
     from oilbird.verifier import TreeVerifier, VerifierConfig
 
-    decode_config = config_from_args(DecodeConfig, args, prefix="")
+    decode_config = config_from_args(DecodeConfig, args, prefix="",
+                                     sampling=config_from_args(SamplingConfig, args, prefix=""))
     fly = config_from_args(FlyConfig, args, prefix="fly") if args.fly else None
+    if fly is not None and not decode_config.sampling.greedy:
+        raise ConfigError("--fly verifies greedily only; drop --fly or sample at --temperature 0")
     if not args.fly and any(getattr(args, f"fly__{f}", None) is not None for f in FlyConfig.__dataclass_fields__):
         raise ConfigError("--fly-* options set FLy's rule; add --fly to use it")
     _set_threads(args)
@@ -208,6 +214,7 @@ def _add_model_arg(parser: argparse.ArgumentParser) -> None:
 def _bench_parser(sub) -> None:
     from oilbird.bench import BenchConfig
     from oilbird.budget import BudgetConfig
+    from oilbird.sampling import SamplingConfig
     from oilbird.verifier import VerifierConfig
 
     bench = sub.add_parser("bench", help="run methods side by side on a dataset and audit them")
@@ -216,6 +223,7 @@ def _bench_parser(sub) -> None:
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_threads_arg(bench)
     add_config_args(bench, BenchConfig)
+    add_config_args(bench, SamplingConfig)
     add_config_args(bench, VerifierConfig, prefix="verifier")
     add_config_args(bench, BudgetConfig, prefix="budget", exclude=("mode",))  # for --budget auto
     _add_drafter_args(bench)
@@ -244,6 +252,7 @@ def _diagnose_parser(sub) -> None:
 def _generate_parser(sub) -> None:
     from oilbird.decode import DecodeConfig
     from oilbird.fly import FlyConfig
+    from oilbird.sampling import SamplingConfig
     from oilbird.verifier import VerifierConfig
 
     gen = sub.add_parser("generate", help="generate for one prompt and print the text and its stats")
@@ -254,6 +263,7 @@ def _generate_parser(sub) -> None:
     gen.add_argument("--json", action="store_true", help="print the stats as JSON")
     _add_threads_arg(gen)
     add_config_args(gen, DecodeConfig)
+    add_config_args(gen, SamplingConfig)
     add_config_args(gen, VerifierConfig, prefix="verifier")
     gen.add_argument("--fly", action="store_true",
                      help="verify with FLy's loose rule (LOSSY: the output may differ from greedy decoding)")

@@ -18,17 +18,20 @@ from dataclasses import dataclass, field, replace
 from oilbird.budget import AdaptiveBudget
 from oilbird.drafters.base import Drafter
 from oilbird.errors import PromptError
+from oilbird.sampling import Sampler, SamplingConfig
 from oilbird.verifier import TreeVerifier
 
 
 @dataclass
 class DecodeConfig:
-    """Limits of one request."""
+    """Limits of one request, and how its tokens are chosen."""
 
     max_new_tokens: int = 128
     """Most tokens to generate per request (a commit that overshoots is truncated)."""
     node_budget: int = 64
     """Most tree nodes per verification forward, root included; drafters propose within it."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Greedy (the default, temperature 0) or lossless sampling (temperature, top-k, top-p, seed)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -61,6 +64,8 @@ class RequestResult:
     """True when FLy's loose rule verified the request: the output may differ from greedy decoding."""
     forgiven_positions: list[int] = field(default_factory=list)
     """Output indices committed by FLy's loose rule although they were not the target's argmax (empty unless FLy is on: then the output is lossy)."""
+    sample_check: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])
+    """Sampling only: summed `calibration_terms` of the committed tokens and their count ([deviation, variance, n])."""
     drafter_stats: dict = field(default_factory=dict)
     """The drafter's own measurements of this request (`Drafter.request_stats`)."""
     excess_tokens: int = 0
@@ -77,6 +82,13 @@ class RequestResult:
     """The verifier's mask, walk and KV compaction, and the loop's accounting (attribution, budget policy)."""
     wall_s: float = 0.0
     """The whole request, prefill included."""
+
+    def add_sample_terms(self, terms: list[tuple[float, float]]) -> None:
+        """Pool a forward's `calibration_terms` of the committed tokens (sampling only)."""
+        for deviation, variance in terms:
+            self.sample_check[0] += deviation
+            self.sample_check[1] += variance
+            self.sample_check[2] += 1
 
     @property
     def drafter_s(self) -> float:
@@ -108,13 +120,13 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
            config: DecodeConfig | None = None, *, max_context: int,
            request_id: str = "request", tenant: str = "default",
            budget_policy: AdaptiveBudget | None = None) -> RequestResult:
-    """Generate greedily for one request with `drafter` proposing draft trees.
+    """Generate for one request with `drafter` proposing draft trees (greedy, or sampled losslessly).
 
     Args:
         verifier: the tree verifier over the target model.
         drafter: any registered drafter (use "ar" for plain autoregressive decoding).
         prompt_ids: the tokenized prompt.
-        config: limits (max_new_tokens, node budget).
+        config: limits (max_new_tokens, node budget) and sampling (greedy by default).
         max_context: the model's context length; generation stops when it is full.
         request_id: the request's name in records and in the drafter (unique among its requests in flight).
         tenant: whose cross-request pool the request drafts from and joins.
@@ -132,6 +144,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
     result = RequestResult(request_id=request_id, prompt_len=len(prompt_ids), output_ids=[],
                            finish_reason="length", lossy=verifier.fly is not None)
     out = result.output_ids
+    sampler = None if config.sampling.greedy else Sampler(config.sampling)
     drafter.start_request(request_id, prompt_ids, tenant)
     try:
         t = time.perf_counter()
@@ -155,7 +168,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                 budget = min(budget, budget_policy.choose())
             tree = drafter.propose(request_id, budget).truncated(budget)
             result.propose_s += time.perf_counter() - t
-            ver = verifier.verify(state, tree, drafter.hidden_layer)
+            ver = verifier.verify(state, tree, drafter.hidden_layer, sampler)
             result.forward_s += ver.forward_s
             t = time.perf_counter()
             committed = ver.committed[: config.max_new_tokens - len(out)]
@@ -165,6 +178,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                 ver = replace(ver, committed=committed, path=path, forgiven=[c for c in ver.forgiven if c in path])
             result.forgiven_positions += [len(out) + ver.path.index(c) for c in ver.forgiven]
             out.extend(committed)
+            result.add_sample_terms(ver.sample_terms[: len(committed)])
             result.committed_per_forward.append(len(committed))
             result.nodes_per_forward.append(len(tree))
             _attribute(result, tree, ver.path)

@@ -12,9 +12,14 @@ Contract:
   give their sum, `overhead_share`; their split shares are None.
 - The audit: `lossless` of `audited` requests token-identical to the greedy reference, with each
   divergence; `audit_failures` lists the strict (non-FLy) rows that diverged: a failed run.
+- Sampled runs (temperature > 0) have no token-for-token reference; their rows carry the
+  distribution check instead (`dist_z` over `dist_n` positions, oilbird/sampling.py), and a
+  row with |z| > 4 is a failure too.
 """
 
 from __future__ import annotations
+
+from oilbird.sampling import Z_FAIL, check_z
 
 REFERENCE = "hf-greedy"
 """The audit's reference run (transformers generate(do_sample=False)), reported as a row for context."""
@@ -94,6 +99,17 @@ def _lossy(recs: list[dict]) -> dict:
                 tokens_differing=sum(d["tokens"] for d in compared))
 
 
+def _sampled(recs: list[dict]) -> dict:
+    """Sampled rows: the pooled distribution check (oilbird/sampling.py `calibration_terms`)."""
+    checks = [r["sample_check"] for r in recs if (r.get("sample_check") or [0, 0, 0])[2]]
+    if not checks:
+        return dict(dist_n=0)
+    deviation, variance = sum(c[0] for c in checks), sum(c[1] for c in checks)
+    z = check_z(deviation, variance)
+    return dict(dist_n=int(sum(c[2] for c in checks)), dist_z=z,
+                dist_failed=z is not None and abs(z) > Z_FAIL)
+
+
 def _row(method: str, recs: list[dict]) -> dict:
     tokens = sum(r["new_tokens"] for r in recs)
     forwards = sum(r["forwards"] for r in recs)
@@ -101,7 +117,8 @@ def _row(method: str, recs: list[dict]) -> dict:
     row = dict(method=method, requests=len(recs), new_tokens=tokens, forwards=forwards,
                tau=tokens / forwards if forwards else 0.0,
                tokens_per_s=tokens / wall if wall else 0.0, wall_s=wall)
-    row.update(_audit(recs), **_time_shares(recs), **_sources(recs), **_grades(recs), **_lossy(recs))
+    row.update(_audit(recs), **_time_shares(recs), **_sources(recs), **_grades(recs), **_lossy(recs),
+               **_sampled(recs))
     row["semantic"] = semantic_stats(recs, row["cycle_s"])
     # Decode phase only: the prefill is identical across methods and dilutes the ratio.
     row["decode_tokens_per_s"] = tokens / row["cycle_s"] if row["cycle_s"] else None
@@ -149,7 +166,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
 def audit_failures(rows: list[dict]) -> list[dict]:
     """The strict rows (not the reference, not FLy's lossy ones) with a divergent output."""
     return [r for r in rows if r["method"] != REFERENCE and not r.get("lossy")
-            and r["audited"] and r["lossless"] < r["audited"]]
+            and (r["audited"] and r["lossless"] < r["audited"] or r.get("dist_failed"))]
 
 
 def semantic_stats(recs: list[dict], cycle_s: float | None) -> dict | None:

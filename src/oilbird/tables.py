@@ -36,6 +36,10 @@ def audit_cell(row: dict) -> str:
         return "reference"
     if row.get("lossy"):  # never counted as lossless: how many requests left greedy's output
         return f"LOSSY: {row['requests_differing']}/{row['compared']} differ" if row.get("compared") else "LOSSY"
+    if row.get("dist_n"):  # sampled: the distribution check, never called lossless token for token
+        z = row["dist_z"]
+        cell = f"dist z={z:+.1f} ({row['dist_n']} pos.)" if z is not None else "dist: no spread"
+        return f"FAILED {cell}" if row.get("dist_failed") else cell
     if not row["audited"]:
         return "not audited"
     cell = f"{row['lossless']}/{row['audited']}"
@@ -46,6 +50,10 @@ def audit_failure_lines(rows: list[dict]) -> list[str]:
     """One line per strict method whose output diverged from greedy decoding (empty: all good)."""
     lines = []
     for row in audit_failures(rows):
+        if row.get("dist_failed"):
+            lines.append(f"DISTRIBUTION CHECK FAILED: {row['method']}: z = {row['dist_z']:+.1f} over "
+                         f"{row['dist_n']} sampled positions (|z| > 4: not the target's distribution)")
+            continue
         first = row["divergences"][0]
         lines.append(f"AUDIT FAILED: {row['method']}: {row['audited'] - row['lossless']} of {row['audited']} "
                      f"requests differ from greedy decoding (first: {first['request_id']}, token "
@@ -125,7 +133,19 @@ def footnote(config) -> str:
             f"the audit reference; FAILED = outputs that differ from it. '{FLY}' rows verify with FLy's "
             "loose rule: LOSSY by design, left out of the audit, with the number of requests whose "
             "output differs from greedy decoding; hf-pld forwards = all model calls of "
-            "generate(prompt_lookup_num_tokens=10).")
+            "generate(prompt_lookup_num_tokens=10)." + _sampling_note(config))
+
+
+def _sampling_note(config) -> str:
+    """For a sampled run: what its 'lossless' column holds instead of the audit."""
+    sampling = getattr(config, "sampling", None)
+    if sampling is None or sampling.greedy:
+        return ""
+    return (f" SAMPLED at temperature {sampling.temperature}, top-k {sampling.top_k}, top-p "
+            f"{sampling.top_p}, seed {sampling.seed}: outputs "
+            "differ between methods by design, so the 'lossless' column holds the distribution check "
+            "instead of the audit: z of Σ (p(token) − Σp²) over every sampled position, which is "
+            "N(0, 1) when each token is drawn from the target's distribution; |z| > 4 FAILS.")
 
 
 def format_table(rows: list[dict], config) -> str:
@@ -177,8 +197,13 @@ def saved_config(run_dir: Path):
              else json.loads(config_path.read_text()) if config_path.exists() else {})
     if "node_budget" in saved:  # summaries written before --budget replaced --node-budget
         saved["budget"] = str(saved.pop("node_budget"))
+    from oilbird.sampling import SamplingConfig
+
     known = {f.name for f in fields(BenchConfig)}
-    return BenchConfig(**{k: v for k, v in saved.items() if k in known})
+    values = {k: v for k, v in saved.items() if k in known}
+    if isinstance(values.get("sampling"), dict):
+        values["sampling"] = SamplingConfig(**values["sampling"])
+    return BenchConfig(**values)
 
 
 def _category_table(records: list[dict], methods: list[str], groups: list[str], method: str) -> str:

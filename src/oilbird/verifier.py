@@ -18,6 +18,10 @@ Contract:
   mismatching draft token may be committed where the target was unsure and the draft agrees again
   right after; such nodes are listed in `Verification.forgiven`.
 
+- With a `Sampler` at temperature > 0 the walk is rejection sampling over the tree
+  (oilbird/sampling.py, docs/SAMPLING.md): the committed tokens are distributed exactly as
+  token-by-token sampling of the target.
+
 Greedy (strict) verification is lossless by construction: every committed token is the model's argmax
 given the committed prefix. The batched tree forward can still flip an argmax where the top two
 logits nearly tie, which is why the harness audits outputs against an independent greedy run.
@@ -33,6 +37,7 @@ import torch
 from oilbird.errors import ModelError
 from oilbird.fly import FlyConfig, entropy, fly_walk
 from oilbird.kv_cache import TreeCache, compact_cache, new_cache
+from oilbird.sampling import Sampler, calibration_terms, sample_walk, warped_probs
 from oilbird.tree import DraftTree
 from oilbird.tree_attention import TREE_ATTENTION
 
@@ -103,6 +108,8 @@ class Verification:
     """Seconds spent on mask, walk and cache compaction."""
     forgiven: list[int] = field(default_factory=list)
     """Accepted nodes whose token is not the target's argmax at their parent (FLy only; empty under strict verification)."""
+    sample_terms: list[tuple[float, float]] = field(default_factory=list)
+    """Sampling only: per committed token, `calibration_terms` of its draw (the distribution check)."""
 
 
 class TreeVerifier:
@@ -189,8 +196,9 @@ class TreeVerifier:
         return state, PrefillObservation(list(prefix), topk_ids, topk_logits, self._hidden(out, hidden_layer))
 
     @torch.inference_mode()
-    def verify(self, state: KVState, tree: DraftTree, hidden_layer: int | None = None) -> Verification:
-        """Run one forward over `tree`, commit the greedy path and compact the cache.
+    def verify(self, state: KVState, tree: DraftTree, hidden_layer: int | None = None,
+               sampler: Sampler | None = None) -> Verification:
+        """Run one forward over `tree`, commit the greedy (or sampled) path and compact the cache.
 
         This is the one forward decoding runs: an autoregressive step is a one-node tree, and
         the cost curve (oilbird/budget.py) times this very call.
@@ -200,13 +208,18 @@ class TreeVerifier:
             tree: a draft tree whose root token is `state.anchor`.
             hidden_layer: which hidden state to return per node (an index into transformers'
                 `hidden_states`: 0 input embeddings, -1 after the final norm); None: none.
+            sampler: the request's sampling settings and generator; None (or temperature 0):
+                greedy. Sampling walks the tree by rejection sampling (oilbird/sampling.py).
 
         Returns:
             The verification: per-node argmax/top-k (and hidden state), accepted path and committed tokens.
 
         Raises:
-            ValueError: if the tree's root is not the anchor.
+            ValueError: if the tree's root is not the anchor, or if FLy's rule meets sampling.
         """
+        sampling = sampler is not None and not sampler.config.greedy
+        if sampling and self.fly is not None:
+            raise ValueError("FLy's loose rule is greedy only; verify sampled requests strictly")
         if tree.tokens[0] != state.anchor:
             raise ValueError(f"tree root {tree.tokens[0]} is not the anchor {state.anchor}")
         t0 = time.perf_counter()
@@ -228,10 +241,7 @@ class TreeVerifier:
         t2 = time.perf_counter()
 
         preds = argmax.tolist()
-        if self.fly is None:
-            path, forgiven = greedy_walk(tree, preds), []
-        else:
-            path, forgiven = fly_walk(tree, preds, entropy(logits, self.fly.entropy).tolist(), self.fly)
+        path, forgiven, bonus, dist = self._walk(tree, logits, preds, sampler if sampling else None)
         committed = [tree.tokens[c] for c in path]
         finished = False
         for i, token in enumerate(committed):
@@ -240,9 +250,13 @@ class TreeVerifier:
                 forgiven = [c for c in forgiven if c in path]
                 break
         if not finished:
-            bonus = preds[path[-1] if path else 0]
+            bonus = preds[path[-1] if path else 0] if bonus is None else bonus
             committed.append(bonus)
             finished = bonus in self.stop_ids
+        terms = []
+        if dist is not None:  # the position after node u is drawn from dist(u): the walk computed it
+            parents = [0] + path
+            terms = [calibration_terms(dist(parents[i]), token) for i, token in enumerate(committed)]
         compact_cache(state.cache, prefix, n_nodes, path)
         state.length = prefix + 1 + len(path)
         state.anchor = committed[-1]
@@ -250,7 +264,30 @@ class TreeVerifier:
         return Verification(tree=tree, prefix_len=prefix, argmax=argmax, topk_ids=topk_ids,
                             topk_logits=topk_logits, hidden=hidden, path=path,
                             committed=committed, finished=finished, forgiven=forgiven,
-                            forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
+                            sample_terms=terms, forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
+
+
+    def _walk(self, tree: DraftTree, logits: torch.Tensor, preds: list[int], sampler: Sampler | None):
+        """The accepted path: greedy, FLy's loose rule, or rejection sampling (with `sampler`).
+
+        Returns:
+            (path, forgiven nodes, the sampled bonus or None, node -> warped distribution or None).
+        """
+        if sampler is not None:
+            rows: dict[int, torch.Tensor] = {}  # only the nodes the walk visits are warped
+
+            def dist(node: int) -> torch.Tensor:
+                if node not in rows:
+                    rows[node] = warped_probs(logits[node].cpu(), sampler.config)  # [V]
+                return rows[node]
+
+            path, bonus = sample_walk(tree, dist, sampler)
+            return path, [], bonus, dist
+        if self.fly is None:
+            return greedy_walk(tree, preds), [], None, None
+        entropies = entropy(logits, self.fly.entropy).tolist()
+        path, forgiven = fly_walk(tree, preds, entropies, self.fly)
+        return path, forgiven, None, None
 
 
 def top_k_and_argmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
