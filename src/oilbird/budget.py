@@ -122,17 +122,24 @@ def measure_cost_curve(verifier, sizes: list[int], prefix_len: int = 512, repeat
     prompt = [(7 * i + 3) % vocab for i in range(prefix_len + 1)]
     state = verifier.prefill(prompt)
     anchor = state.anchor
+    def probe(n: int) -> float:
+        tree = DraftTree.chain(anchor, [(11 * i + 5) % vocab for i in range(n - 1)], "probe")
+        start = time.perf_counter()
+        verifier.verify(state, tree)
+        elapsed = time.perf_counter() - start
+        extra = state.length - prefix_len  # what the probe committed (its root and accepted path)
+        state.cache.crop(-extra)  # transformers 5: a negative count drops that many rows
+        state.length, state.anchor = prefix_len, anchor
+        return elapsed
+
+    # Warm the allocator and the kernels on the largest and the smallest shape first: without
+    # it the first size timed (N = 1) paid a warm-up its repeats did not remove and read slower
+    # than N = 2, which made larger trees look cheap to the auto budget.
+    for n in (max(sizes), min(sizes)) * 2:
+        probe(n)
     points = {}
     for n in sizes:
-        times = []
-        for _ in range(repeats + 1):  # the first run warms up this shape
-            tree = DraftTree.chain(anchor, [(11 * i + 5) % vocab for i in range(n - 1)], "probe")
-            start = time.perf_counter()
-            verifier.verify(state, tree)
-            times.append(time.perf_counter() - start)
-            extra = state.length - prefix_len  # what the probe committed (its root and accepted path)
-            state.cache.crop(-extra)  # transformers 5: a negative count drops that many rows
-            state.length, state.anchor = prefix_len, anchor
+        times = [probe(n) for _ in range(repeats + 1)]  # the first run warms up this shape
         # The fastest run, not the median: another process sharing the cores only ever adds
         # time, and a curve measured under load would otherwise keep that load's bumps.
         points[n] = min(times[1:])
@@ -147,7 +154,7 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
     threads = threads or torch.get_num_threads()
     options = (f"verify:top_k={verifier.config.top_k},kernels={describe_kernels(verifier.model)},"
                f"fly={verifier.fly is not None and verifier.fly.entropy}")
-    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}|min"
+    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}|min,warm"
             f"|{options}|torch={torch.__version__}|transformers={transformers.__version__}")
 
 
