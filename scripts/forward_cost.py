@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
+from oilbird.budget import measure_cost_curve
 from oilbird.kernels import ForwardConfig, PackedLinear, describe_kernels
 from oilbird.models import load_model
-from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -65,22 +65,10 @@ def gemm_table(model, copies: int, repeats: int) -> dict:
     return table
 
 
-@torch.inference_mode()
 def forward_curve(loaded, model, prefix: int, repeats: int) -> dict[int, float]:
-    """Seconds of one verification forward over a chain of N nodes, per N."""
-    vocab = loaded.model.config.vocab_size
-    verifier = TreeVerifier(model, loaded.stop_ids)
-    state = verifier.prefill([(7 * i + 3) % vocab for i in range(prefix + 1)])
-    anchor = state.anchor
-    curve = {}
-    for n in ROWS:
-        def probe():
-            tree = DraftTree.chain(anchor, [(11 * i + 5) % vocab for i in range(n - 1)], "probe")
-            verifier.verify(state, tree)
-            state.cache.crop(-(state.length - prefix))  # back to the same cache for every probe
-            state.length, state.anchor = prefix, anchor
-        curve[n] = fastest(probe, repeats)
-    return curve
+    """Seconds of one verification forward over a chain of N nodes, per N: the very
+    measurement the auto budget uses (`oilbird.budget.measure_cost_curve`)."""
+    return measure_cost_curve(TreeVerifier(model, loaded.stop_ids), list(ROWS), prefix, repeats).points
 
 
 def main() -> None:

@@ -89,7 +89,11 @@ def chi_square_p(counts: Counter, exact: dict, n: int) -> float:
         stat, cells = stat + (counts[seq] - n * p) ** 2 / (n * p), cells + 1
     if pooled_exp > 0:
         stat, cells = stat + (pooled_obs - pooled_exp) ** 2 / pooled_exp, cells + 1
-    df = cells - 1
+    return chi2_sf(stat, cells - 1)
+
+
+def chi2_sf(stat: float, df: int) -> float:
+    """P(chi-square with `df` degrees of freedom > stat)."""
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
@@ -195,7 +199,5 @@ def test_each_methods_token_histograms_match_ar_sampling(smol, ar_samples, metho
         tokens = sorted(set(a) | set(b))
         na, nb = sum(a.values()), sum(b.values())
         stat = sum((a[t] / na - b[t] / nb) ** 2 / ((a[t] + b[t]) / (na + nb)) for t in tokens) * na * nb / (na + nb)
-        df = max(len(tokens) - 1, 1)
-        p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                          torch.tensor(stat / 2, dtype=torch.float64)))
+        p = chi2_sf(stat, max(len(tokens) - 1, 1))
         assert p > 1e-4, f"{method} position {position}: histograms differ (p = {p:.2g})"
