@@ -57,14 +57,35 @@ def branchy_tree(anchor: int, dist, prefix: tuple) -> DraftTree:
     return tree
 
 
-def speculative_samples(dist, walk, seed: int) -> Counter:
+def draft_q(prefix: tuple) -> torch.Tensor:
+    """A made-up draft model's distribution after `prefix`: unlike p, and with mass on the tokens
+    that p gives 0, so both the accept and the residual branch of min(1, p/q) are exercised."""
+    g = torch.Generator().manual_seed(hash(prefix) % 2**31)
+    return (torch.randn(V, generator=g, dtype=torch.float64) * 1.5).softmax(-1)
+
+
+def sampled_chain(anchor: int, dist, prefix: tuple, sampler: Sampler) -> DraftTree:
+    """Two draft tokens sampled from the draft model's q, recorded in `draft_probs`."""
+    tree, node, drafted = DraftTree.root(anchor), 0, prefix
+    for _ in range(2):
+        q = draft_q(drafted)
+        token = sampler.draw(q)
+        node = tree.add(node, token, "draft")
+        tree.draft_probs[node] = q
+        drafted += (token,)
+    return tree
+
+
+def speculative_samples(dist, walk, seed: int, make_tree=None) -> Counter:
     """The first HORIZON tokens of SAMPLES speculative runs (tree steps until HORIZON tokens)."""
     sampler, counts = Sampler(CONFIG, seed=seed), Counter()
+    drafter = Sampler(CONFIG, seed=seed + 1)
+    make_tree = make_tree or (lambda anchor, dist, prefix, _drafter: branchy_tree(anchor, dist, prefix))
     for _ in range(SAMPLES):
         out: list[int] = []
         while len(out) < HORIZON:
             anchor = (PROMPT + out)[-1]
-            tree = branchy_tree(anchor, dist, tuple(out))
+            tree = make_tree(anchor, dist, tuple(out), drafter)
             path, bonus = walk(tree, lambda n: dist(tuple(out) + tuple(tree.tokens[c] for c in tree.path_to(n))),
                                sampler)
             out += [tree.tokens[c] for c in path] + [bonus]
@@ -135,6 +156,43 @@ def test_a_walk_that_skips_the_renormalization_fails_the_same_test(conditional):
     assert chi_square_p(counts, exact, SAMPLES) < 1e-6
 
 
+def q_ignoring_walk(tree, dist, sampler):
+    """Negative control for sampled drafts: accepts by min(1, p/q) but draws the bonus from p
+    instead of max(0, p - q), over-weighting the token that was just rejected."""
+    path, node = [], 0
+    while True:
+        p, children = dist(node), tree.children(node)
+        if not children:
+            return path, sampler.draw(p)
+        child = children[0]
+        token = tree.tokens[child]
+        if sampler.uniform() * float(tree.draft_probs[child][token]) >= float(p[token]):
+            return path, sampler.draw(p)
+        path.append(child)
+        node = child
+
+
+def test_drafts_sampled_from_q_are_verified_exactly_by_min_1_p_over_q(conditional):
+    exact = exact_joint(conditional)
+    counts = speculative_samples(conditional, sample_walk, seed=2, make_tree=sampled_chain)
+    assert all(exact[seq] > 0 for seq in counts), "an impossible sequence was sampled"
+    support = sum(p > 0 for p in exact.values())
+    tv = 0.5 * sum(abs(counts[seq] / SAMPLES - p) for seq, p in exact.items())
+    assert tv < tv_bound(support, SAMPLES), tv
+    assert chi_square_p(counts, exact, SAMPLES) > 1e-3
+    biased = speculative_samples(conditional, q_ignoring_walk, seed=2, make_tree=sampled_chain)
+    assert chi_square_p(biased, exact, SAMPLES) < 1e-6
+
+
+def test_a_sampled_draft_with_siblings_is_refused():
+    tree = DraftTree.root(0)
+    a = tree.add(0, 1, "draft")
+    tree.add(0, 2, "other")
+    tree.draft_probs[a] = torch.full((V,), 1 / V, dtype=torch.float64)
+    with pytest.raises(ValueError, match="only child"):
+        sample_walk(tree, lambda n: torch.full((V,), 1 / V, dtype=torch.float64), Sampler(CONFIG))
+
+
 def test_warped_probs_match_transformers_warpers():
     from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                         TopPLogitsWarper)
@@ -162,11 +220,11 @@ REAL_PROMPT = [{"role": "user", "content": "Repeat after me: red green blue red 
 
 def sample_outputs(smol, method: str, runs: int, max_new: int = 3) -> list[tuple]:
     from oilbird.decode import DecodeConfig, decode
-    from oilbird.drafters import make_drafter
+    from oilbird.methods import build_drafter
     from oilbird.verifier import TreeVerifier
 
     verifier = TreeVerifier(smol.tree_model(), smol.stop_ids)
-    drafter, ids = make_drafter(method), smol.encode_chat(REAL_PROMPT)
+    drafter, ids = build_drafter(method, {}, target=smol), smol.encode_chat(REAL_PROMPT)
     outs = []
     for i in range(runs):
         config = DecodeConfig(max_new_tokens=max_new, node_budget=16,
@@ -190,7 +248,10 @@ def ar_samples(smol):
     return sample_outputs(smol, "ar", RUNS)
 
 
-@pytest.mark.parametrize("method", ["pld", "sam", "goose", "oilbird"])
+# The draft model samples its chain (min(1, p/q)); with MLA that chain comes from the drafter's own
+# rejection-sampling walk over prompt lookup's proposals.
+@pytest.mark.parametrize("method", ["pld", "sam", "suffix", "tr", "goose", "oilbird", "oilbird-pld", "oilbird-tr",
+                                    "draft[model=self:8;k=3]", "draft[model=self:8;k=4;mla=true]"])
 def test_each_methods_token_histograms_match_ar_sampling(smol, ar_samples, method):
     ar, ours = ar_samples, sample_outputs(smol, method, RUNS)
     assert len(set(ours)) > 3  # the prompt leaves room to sample: the test can see a bias

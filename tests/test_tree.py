@@ -1,6 +1,7 @@
 """DraftTree: parent array, de-duplication, masks and positions on hand-built trees."""
 
 import numpy as np
+import pytest
 import torch
 
 from oilbird.tree import DraftTree
@@ -83,7 +84,21 @@ def test_best_path_follows_the_highest_scored_child_and_the_earliest_on_a_tie():
     assert tree.best_path(10) == [b, c, c + 2]
     assert tree.best_path(1) == [b]
     assert tree.best_path(0) == [] and DraftTree.root(7).best_path(5) == []
-    chain = tree.chain_along(tree.best_path(2))
+    chain = tree.subtree(tree.best_path(2))
     assert chain.tokens == [7, 2, 4] and chain.parents == [-1, 0, 1] and chain.depths == [0, 1, 2]
     assert chain.sources[1:] == [{"y"}, {"y"}] and chain.scores[1:] == [0.9, 0.3]
     assert chain.child(1, 4) == 2 and d == c + 1
+
+
+def test_subtree_renumbers_kept_nodes_and_refuses_an_orphan():
+    tree = DraftTree.root(7)
+    a = tree.add(0, 1, "x", 0.5)
+    b = tree.add(0, 2, "y", 0.9)
+    c = tree.add(a, 3, "x", 1.0)
+    d = tree.add(b, 4, "y", 0.3)
+    tree.draft_probs[d] = torch.ones(5)
+    sub = tree.subtree([a, b, d])
+    assert sub.tokens == [7, 1, 2, 4] and sub.parents == [-1, 0, 0, 2] and sub.depths == [0, 1, 1, 2]
+    assert sub.child(2, 4) == 3 and sub.children(1) == [] and list(sub.draft_probs) == [3]
+    with pytest.raises(ValueError, match="parent"):
+        tree.subtree([c])

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from oilbird.integrations.vllm.adapter import EngineDrafter, StepRequest
-from oilbird.integrations.vllm.chain_policy import ChainCalibrator, node_key
+from oilbird.acceptance import node_key
+from oilbird.integrations.vllm.chain_policy import ChainCalibrator
 from oilbird.integrations.vllm.config import EngineDrafterConfig
 from oilbird.tree import DraftTree
 
@@ -22,7 +23,7 @@ def two_branches() -> DraftTree:
 def test_an_untried_key_gets_the_prior_and_updates_count_only_tried_nodes():
     cal = ChainCalibrator(prior=0.8, prior_weight=2.0)
     tree = two_branches()
-    chain = tree.chain_along([2, 3, 4])  # what the engine verified
+    chain = tree.subtree([2, 3, 4])  # what the engine verified
     keys = [node_key(chain, n) for n in (1, 2, 3)]
     assert keys == [node_key(tree, n) for n in (2, 3, 4)]
     assert cal.p_accept(keys[0]) == 0.8
@@ -38,7 +39,7 @@ def test_the_longer_promise_wins_until_its_source_proves_bad():
     path = cal.choose(tree, max_len=8, min_reach=0.0)
     assert path == [2, 3, 4]  # equal estimates: the chain promises more than the single node
     for _ in range(20):  # the pld chain is always rejected at its first node
-        cal.update(tree.chain_along(path), accepted=0)
+        cal.update(tree.subtree(path), accepted=0)
     path = cal.choose(tree, max_len=8, min_reach=0.0)
     assert path == [1]
 

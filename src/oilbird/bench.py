@@ -39,6 +39,8 @@ from tqdm import tqdm
 from oilbird.accuracy import Grader, gradable
 from oilbird.audit import compare, differences, greedy_reference, hf_prompt_lookup
 from oilbird.budget import AdaptiveBudget, BudgetConfig, CostCurve, load_or_measure
+from oilbird.prefix_cache import PrefixCache, PrefixCacheConfig
+from oilbird.tree_select import FittedTree
 from oilbird.datasets import Workload
 from oilbird.decode import DecodeConfig, check_prompt, decode
 from oilbird.kernels import ForwardConfig, describe_kernels
@@ -50,6 +52,8 @@ from oilbird.tables import format_table
 from oilbird.verifier import TreeVerifier, VerifierConfig
 
 AUTO_MAX_BUDGET = 128
+FIT_PROPOSAL_BUDGET = 64
+MEASURED_BUDGETS = ("auto", "fit")  # budgets that read this device's cost curve
 
 
 @dataclass
@@ -59,13 +63,15 @@ class BenchConfig(Workload):
     methods: str = "ar,pld"
     """Comma-separated methods to run; 'ar' is always added as the speed baseline. 'hf-pld' runs transformers' own prompt lookup."""
     budget: str = "64"
-    """Tree nodes per verification forward, root included: a number (fixed, e.g. 60 for paper-faithful comparisons), 'auto' (chosen per forward from this device's measured cost curve and the observed acceptance, up to 128), or a comma list such as '60,auto' (every method runs at each, as rows 'method@60', 'method@auto', against one shared 'ar')."""
+    """Tree nodes per verification forward, root included: a number (fixed, e.g. 60 for paper-faithful comparisons), 'auto' (chosen per forward from this device's measured cost curve and the observed acceptance, up to 128), 'fit' (of each proposal of up to 64 nodes, the subtree whose estimated reach best pays for its forward on that curve; oilbird/tree_select.py), or a comma list such as '60,auto' (every method runs at each, as rows 'method@60', 'method@auto', against one shared 'ar')."""
     warmup: int = 1
     """Requests run (untimed, with throw-away drafters) before measuring."""
     audit: bool = True
     """Check every output token for token against transformers generate(do_sample=False)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """Greedy (temperature 0, audited token for token) or sampled (the distribution check replaces the audit)."""
+    prefix_cache: bool = True
+    """Reuse, per method and tenant, the KV of the previous request's prefix shared with the new prompt, as vLLM's prefix caching does (false: every method prefills each prompt whole; the audit's generate() reference always does)."""
     grade: bool = True
     """Grade the answers of requests with a checkable reference (GSM8K: Spec-Bench math_reasoning; HumanEval: its tests, run in a subprocess) and report accuracy per method."""
 
@@ -74,8 +80,8 @@ class BenchConfig(Workload):
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
         for budget in self.budgets():
-            if budget != "auto" and not (budget.isdigit() and int(budget) >= 1):
-                raise ValueError(f"--budget must be positive integers or 'auto', got {self.budget!r}")
+            if budget not in MEASURED_BUDGETS and not (budget.isdigit() and int(budget) >= 1):
+                raise ValueError(f"--budget must be positive integers, 'auto' or 'fit', got {self.budget!r}")
             DecodeConfig(self.max_new_tokens, node_budget(budget))  # validates both
         if not self.sampling.greedy:
             unsampled = [m for m in split_methods(self.methods) if m == "hf-pld" or fly_config(m)]
@@ -122,8 +128,9 @@ class BenchConfig(Workload):
 
 
 def node_budget(budget: str) -> int:
-    """The cap on tree size: the fixed budget, or the largest candidate in 'auto' mode."""
-    return AUTO_MAX_BUDGET if budget == "auto" else int(budget)
+    """The cap on tree size: the fixed budget, the largest candidate in 'auto' mode, or the
+    proposal's budget in 'fit' mode."""
+    return {"auto": AUTO_MAX_BUDGET, "fit": FIT_PROPOSAL_BUDGET}.get(budget) or int(budget)
 
 
 def encode_request(loaded: LoadedModel, request) -> list[int]:
@@ -177,13 +184,16 @@ class Harness:
         measured: dict[int, CostCurve] = {}  # id(verifier) -> its curve
         for _, spec, budget in self.variants:
             verifier = self.verifier_of(spec)
-            if budget == "auto" and id(verifier) not in measured:
+            if budget in MEASURED_BUDGETS and id(verifier) not in measured:
                 measured[id(verifier)] = load_or_measure(loaded, verifier, budget_config, default_cache_dir())
-            if budget == "auto":
+            if budget in MEASURED_BUDGETS:
                 self.curves[spec] = measured[id(verifier)]
         self.models: dict = {}  # drafter LLMs ('draft' method), loaded once per run
         self.drafters = {label: self.new_drafter(spec) for label, spec, _ in self.variants if is_drafter(spec)}
         self.policies = {label: p for label, spec, b in self.variants if (p := self.new_policy(spec, b))}
+        # Each method pays for its own prefills: one prefix cache per row, as one per drafter.
+        self.prefix_caches = {label: PrefixCache(PrefixCacheConfig(enabled=config.prefix_cache))
+                              for label, _, _ in self.variants}
 
     def verifier_of(self, spec: str) -> TreeVerifier:
         return self.verifiers.get(spec, self.verifier)
@@ -191,14 +201,16 @@ class Harness:
     def new_drafter(self, spec: str):
         return build_drafter(spec, self.drafter_configs, self.loaded, self.models)
 
-    def new_policy(self, spec: str, budget: str) -> AdaptiveBudget | None:
+    def new_policy(self, spec: str, budget: str) -> AdaptiveBudget | FittedTree | None:
         """One policy per drafter instance: its acceptance estimate is that drafter's own."""
-        if budget != "auto" or spec == "ar" or not is_drafter(spec):
+        if budget not in MEASURED_BUDGETS or spec == "ar" or not is_drafter(spec):
             return None
+        if budget == "fit":
+            return FittedTree(self.curves[spec], FIT_PROPOSAL_BUDGET)
         return AdaptiveBudget(self.curves[spec], self.budget_config, AUTO_MAX_BUDGET)
 
     def run(self, spec: str, budget: str, drafter, ids: list[int], request_id: str, limit: int,
-            policy: AdaptiveBudget | None = None) -> dict:
+            policy: AdaptiveBudget | FittedTree | None = None, prefix_cache: PrefixCache | None = None) -> dict:
         """Serve one request with one method; the record's measured fields."""
         if spec == "hf-pld":
             res = hf_prompt_lookup(self.loaded.model, ids, limit, self.loaded.stop_ids)
@@ -207,7 +219,7 @@ class Harness:
                         DecodeConfig(limit, node_budget(budget), sampling=self.config.sampling),
                         max_context=self.loaded.max_context, request_id=request_id,
                         tenant=self.config.dataset,  # one pool per dataset, as the papers serve them
-                        budget_policy=policy)
+                        budget_policy=policy, prefix_cache=prefix_cache)
         return dict(asdict(result), forwards=result.forwards)
 
     def warm_up(self, prompts: list[list[int]]) -> None:
@@ -232,7 +244,7 @@ class Harness:
                 output_ids=ref.output_ids, forwards=len(ref.output_ids), wall_s=ref.wall_s), audit=None))
         for label, spec, budget in self.variants:
             res = self.run(spec, budget, self.drafters.get(label), ids, request.id, config.max_new_tokens,
-                           self.policies.get(label))
+                           self.policies.get(label), self.prefix_caches[label])
             if spec == "ar" and greedy is None:  # no audit: 'ar' (runs first) is greedy's output
                 greedy = ("ar", res["output_ids"])
             audit = None

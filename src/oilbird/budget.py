@@ -251,6 +251,14 @@ class AdaptiveBudget:
             return ladder[(self.probes - 1) % len(ladder)]
         return best
 
+    def select(self, tree: DraftTree) -> list[int] | None:
+        """The decode loop's hook for pruning a proposal: this policy verifies the tree whole."""
+        return None
+
+    def verified(self, offered: int, tree: DraftTree, path: list[int]) -> None:
+        """The decode loop's report of one verified tree (see `observe`)."""
+        self.observe(offered, len(tree), path)
+
     def observe(self, offered: int, tree_size: int, path: list[int]) -> None:
         """Learn from one verified tree that was built under budget `offered`."""
         decay = self.config.decay

@@ -96,7 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from oilbird.budget import CostCurve
 
         curve = CostCurve.from_json(summary["budget_curve"])
-        print(f"\nThe cost curve the 'auto' budget used ({curve.key}):\n\n{curve.table()}")
+        print(f"\nThe cost curve the measured budgets ('auto', 'fit') used ({curve.key}):\n\n{curve.table()}")
     if summary["interrupted"]:
         print(f"\ninterrupted: summarized the {summary['requests_served']} requests that every method finished")
     print(f"\nrecords: {out_dir / 'records.jsonl'}  summary: {out_dir / 'summary.json'}")

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field, replace
 from oilbird.budget import AdaptiveBudget
 from oilbird.drafters.base import Drafter
 from oilbird.errors import PromptError
+from oilbird.prefix_cache import PrefixCache
 from oilbird.sampling import Sampler, SamplingConfig
+from oilbird.tree_select import FittedTree
 from oilbird.verifier import TreeVerifier
 
 
@@ -70,6 +72,8 @@ class RequestResult:
     """The drafter's own measurements of this request (`Drafter.request_stats`)."""
     excess_tokens: int = 0
     """Committed tokens dropped because they overshot max_new_tokens."""
+    prefix_reused: int = 0
+    """Prompt tokens whose KV came from the prefix cache instead of the prefill."""
     prefill_s: float = 0.0
     """The prefill forward, and the drafter's harvest of it (`observe_prefill`)."""
     propose_s: float = 0.0
@@ -119,7 +123,8 @@ def check_prompt(prompt_ids: list[int], max_context: int) -> None:
 def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
            config: DecodeConfig | None = None, *, max_context: int,
            request_id: str = "request", tenant: str = "default",
-           budget_policy: AdaptiveBudget | None = None) -> RequestResult:
+           budget_policy: AdaptiveBudget | FittedTree | None = None,
+           prefix_cache: PrefixCache | None = None) -> RequestResult:
     """Generate for one request with `drafter` proposing draft trees (greedy, or sampled losslessly).
 
     Args:
@@ -130,7 +135,10 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
         max_context: the model's context length; generation stops when it is full.
         request_id: the request's name in records and in the drafter (unique among its requests in flight).
         tenant: whose cross-request pool the request drafts from and joins.
-        budget_policy: picks each forward's budget (up to `config.node_budget`); None: fixed.
+        budget_policy: picks each forward's budget (up to `config.node_budget`) and may prune the
+            proposal to the nodes worth verifying ('fit'); None: fixed.
+        prefix_cache: the tenant's KV of an earlier request, reused for the prompt's shared
+            prefix and replaced by this request's (oilbird/prefix_cache.py); None: prefill whole.
 
     Returns:
         The generated ids and the request's measurements.
@@ -147,13 +155,18 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
     sampler = None if config.sampling.greedy else Sampler(config.sampling)
     drafter.start_request(request_id, prompt_ids, tenant)
     try:
+        if sampler is not None:
+            drafter.use_sampling(request_id, config.sampling)
         t = time.perf_counter()
+        past = prefix_cache.take(tenant, prompt_ids, drafter.needs_prefill) if prefix_cache is not None else None
+        result.prefix_reused = past.length if past is not None else 0
+        observation = None
         if drafter.needs_prefill:
             state, observation = verifier.prefill_observed(prompt_ids, topk=drafter.prefill_topk,
-                                                           hidden_layer=drafter.hidden_layer)
+                                                           hidden_layer=drafter.hidden_layer, past=past)
             drafter.observe_prefill(request_id, observation)
         else:
-            state = verifier.prefill(prompt_ids)
+            state = verifier.prefill(prompt_ids, past)
         result.prefill_s = time.perf_counter() - t
         while len(out) < config.max_new_tokens:
             # A tree of N nodes commits at most N tokens after the anchor, so the sequence
@@ -167,6 +180,10 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             if budget_policy is not None:
                 budget = min(budget, budget_policy.choose())
             tree = drafter.propose(request_id, budget).truncated(budget)
+            keep = budget_policy.select(tree) if budget_policy is not None else None
+            if keep is not None and len(keep) < len(tree) - 1:  # verify only these nodes, renumbered
+                drafter.restrict_proposal(request_id, keep)
+                tree = tree.subtree(keep)
             result.propose_s += time.perf_counter() - t
             ver = verifier.verify(state, tree, drafter.hidden_layer, sampler)
             result.forward_s += ver.forward_s
@@ -183,7 +200,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             result.nodes_per_forward.append(len(tree))
             _attribute(result, tree, ver.path)
             if budget_policy is not None:
-                budget_policy.observe(budget, len(tree), ver.path)
+                budget_policy.verified(budget, tree, ver.path)
             t_observe = time.perf_counter()
             drafter.observe(request_id, ver)
             result.observe_s += time.perf_counter() - t_observe
@@ -192,6 +209,8 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                 result.finish_reason = "stop"
                 break
         result.drafter_stats = drafter.request_stats(request_id)
+        if prefix_cache is not None:
+            prefix_cache.store(tenant, prompt_ids + out, state, observation)
     finally:
         drafter.stop_request(request_id)
     result.wall_s = time.perf_counter() - start

@@ -6,6 +6,7 @@ A spec is `name`, optionally followed by `+fly` (FLy's loose, lossy rule), a tra
     pld                          prompt lookup, paper defaults
     oilbird[sem_theta=0.6]       Oilbird with one config field changed
     goose@auto                   GOOSE at the hardware-aware budget
+    oilbird@fit                  Oilbird, each tree pruned to the subtree worth its forward
     draft+fly[k=10;fly_window=4] draft-model decoding verified by FLy (W = 4)
 
 Overrides are fields of the method's config dataclass, parsed by the field's type; `fly_*`
@@ -109,8 +110,8 @@ def check_spec(spec: str) -> None:
         raise ConfigError(f"unknown method {method!r}; known methods: {', '.join(known)}")
     if fly_config(body) is not None and method not in DRAFTERS:
         raise ConfigError(f"{spec!r}: FLy verifies drafts; only drafters take '{FLY}'")
-    if "@" in spec and (method not in DRAFTERS or not (budget == "auto" or budget.isdigit() and int(budget) >= 1)):
-        raise ConfigError(f"{spec!r}: only drafters take a budget, as name@N or name@auto")
+    if "@" in spec and (method not in DRAFTERS or not (budget in ("auto", "fit") or budget.isdigit() and int(budget) >= 1)):
+        raise ConfigError(f"{spec!r}: only drafters take a budget, as name@N, name@auto or name@fit")
     if overrides:
         if method not in DRAFTERS:
             raise ConfigError(f"{spec!r}: only drafters take config overrides")

@@ -11,9 +11,10 @@ Contract:
 - `sample_walk(tree, dist, sampler)` is the walk that replaces the greedy one: at each node the
   children are tried in tree order, child c accepted with probability r(token[c]) where r is the
   residual (the node's distribution with the rejected siblings' tokens removed, renormalized);
-  the bonus token is drawn from the residual where no child was accepted. Drafts need no
-  probabilities: every drafter here proposes deterministically (docs/SAMPLING.md says why the
-  greedy draft model is covered too).
+  the bonus token is drawn from the residual where no child was accepted. Deterministic drafts
+  need no probabilities. A draft *sampled* from q (the draft model at temperature > 0; the
+  tree's `draft_probs`) is its parent's only child and is tested by min(1, p/q) instead, the
+  bonus then drawn from max(0, p - q).
 """
 
 from __future__ import annotations
@@ -111,7 +112,11 @@ def sample_walk(tree: DraftTree, dist: Callable[[int], torch.Tensor],
     while True:
         residual = dist(node).clone()  # [V]
         accepted = None
-        for child in tree.children(node):
+        children = tree.children(node)
+        if any(c in tree.draft_probs for c in children):
+            accepted, residual = _sampled_child(tree, children, residual, sampler)
+            children = []
+        for child in children:
             token = tree.tokens[child]
             mass = float(residual.sum())
             if mass > 0 and sampler.uniform() * mass < float(residual[token]):
@@ -124,6 +129,29 @@ def sample_walk(tree: DraftTree, dist: Callable[[int], torch.Tensor],
             return path, sampler.draw(residual)
         path.append(accepted)
         node = accepted
+
+
+def _sampled_child(tree: DraftTree, children: list[int], p: torch.Tensor,
+                   sampler: Sampler) -> tuple[int | None, torch.Tensor]:
+    """The standard speculative-sampling test of a draft sampled from q (Leviathan et al.;
+    docs/SAMPLING.md): accept x with probability min(1, p(x) / q(x)); on rejection the bonus
+    comes from max(0, p - q), renormalized.
+
+    Returns:
+        (the child if accepted else None, the distribution to draw the bonus from).
+
+    Raises:
+        ValueError: the sampled child has siblings (the rule holds for one draft per position).
+    """
+    if len(children) != 1:
+        raise ValueError(f"a sampled draft must be its parent's only child; node {tree.parents[children[0]]} "
+                         f"has {len(children)} children")
+    child = children[0]
+    q = tree.draft_probs[child]  # [V]
+    token = tree.tokens[child]
+    if sampler.uniform() * float(q[token]) < float(p[token]):
+        return child, p
+    return None, (p - q.to(p.dtype)).clamp(min=0)  # [V]; sums to 0 only if p == q, where x is always accepted
 
 
 def calibration_terms(probs: torch.Tensor, token: int) -> tuple[float, float]:

@@ -119,6 +119,9 @@ def _row(method: str, recs: list[dict]) -> dict:
                tokens_per_s=tokens / wall if wall else 0.0, wall_s=wall)
     row.update(_audit(recs), **_time_shares(recs), **_sources(recs), **_grades(recs), **_lossy(recs),
                **_sampled(recs))
+    prefill, prompt = sum(r.get("prefill_s") or 0.0 for r in recs), sum(r.get("prompt_len") or 0 for r in recs)
+    row["prefill_share"] = prefill / wall if wall and "prefill_s" in recs[0] else None
+    row["prompt_cached"] = sum(r.get("prefix_reused") or 0 for r in recs) / prompt if prompt else None
     row["semantic"] = semantic_stats(recs, row["cycle_s"])
     # Decode phase only: the prefill is identical across methods and dilutes the ratio.
     row["decode_tokens_per_s"] = tokens / row["cycle_s"] if row["cycle_s"] else None

@@ -64,13 +64,14 @@ def audit_failure_lines(rows: list[dict]) -> list[str]:
 
 def _main_table(rows: list[dict]) -> list[str]:
     lines = ["| method | requests | tokens | forwards | τ | tokens/s | speedup vs ar | decode speedup | lossless "
-             "| drafter % | bookkeeping % |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| drafter % | bookkeeping % | prefill % | prompt cached % |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['method']} | {r['requests']} | {r['new_tokens']} | {r['forwards']} | "
                      f"{r['tau']:.2f} | {r['tokens_per_s']:.1f} | {_times(r['speedup'])} | "
                      f"{_times(r['decode_speedup'])} | {audit_cell(r)} | "
-                     f"{_pct(r['drafter_share'])} | {_pct(r['bookkeeping_share'])} |")
+                     f"{_pct(r['drafter_share'])} | {_pct(r['bookkeeping_share'])} | "
+                     f"{_pct(r.get('prefill_share'))} | {_pct(r.get('prompt_cached'))} |")
     return lines
 
 
@@ -129,7 +130,9 @@ def footnote(config) -> str:
             "(our loop only). drafter % = the drafter's propose and observe (drafting, and harvesting "
             "into its pools and stores); bookkeeping % = the verifier's mask, greedy walk and KV "
             "compaction, plus the loop's accounting; both are shares of the decode cycle (propose + "
-            f"forward + observe + bookkeeping). {REFERENCE} = transformers generate(do_sample=False), "
+            "forward + observe + bookkeeping). prefill % = share of wall time in prefills; prompt "
+            "cached % = prompt tokens whose KV the method's prefix cache held (--prefix-cache). "
+            f"{REFERENCE} = transformers generate(do_sample=False), "
             f"the audit reference; FAILED = outputs that differ from it. '{FLY}' rows verify with FLy's "
             "loose rule: LOSSY by design, left out of the audit, with the number of requests whose "
             "output differs from greedy decoding; hf-pld forwards = all model calls of "

@@ -36,6 +36,10 @@ class DraftTree:
     """Proposer's confidence per node (the maximum over sources that proposed it)."""
     depths: list[int] = field(default_factory=list)
     """Depth of each node; the root has depth 0."""
+    draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)
+    """node -> [V] the distribution its token was *sampled* from, for drafters that sample (the
+    draft model at temperature > 0); the sampling walk verifies such a node by min(1, p/q) and it
+    must be its parent's only child. Empty for deterministic drafts (every other drafter)."""
     _children: list[dict[int, int]] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -114,7 +118,8 @@ class DraftTree:
         keep = max(1, max_nodes)
         out = DraftTree(tokens=self.tokens[:keep], parents=self.parents[:keep],
                         sources=[set(s) for s in self.sources[:keep]], scores=self.scores[:keep],
-                        depths=self.depths[:keep], _children=[{} for _ in range(keep)])
+                        depths=self.depths[:keep], _children=[{} for _ in range(keep)],
+                        draft_probs={n: q for n, q in self.draft_probs.items() if n < keep})
         for n in range(1, keep):
             out._children[out.parents[n]][out.tokens[n]] = n
         return out
@@ -146,20 +151,35 @@ class DraftTree:
             path.append(node)
         return path
 
-    def chain_along(self, path: Sequence[int]) -> "DraftTree":
-        """The chain root -> path[0] -> ... as a tree of its own, each node keeping its sources
-        and score; `path` is a root-to-node path such as `best_path` returns."""
-        chain = DraftTree.root(self.tokens[0])
-        for node in path:
-            index = len(chain)
-            chain.tokens.append(self.tokens[node])
-            chain.parents.append(index - 1)
-            chain.sources.append(set(self.sources[node]))
-            chain.scores.append(self.scores[node])
-            chain.depths.append(index)
-            chain._children.append({})
-            chain._children[index - 1][self.tokens[node]] = index
-        return chain
+    def subtree(self, nodes: Sequence[int]) -> "DraftTree":
+        """The root and `nodes` as a tree of its own, node `nodes[i]` becoming node i + 1, each
+        keeping its sources, score and draft distribution.
+
+        Args:
+            nodes: ascending node indices whose parents are the root or earlier entries (a
+                root-to-node path such as `best_path` returns, or any ancestor-closed set).
+
+        Raises:
+            ValueError: a node's parent is not kept.
+        """
+        out = DraftTree.root(self.tokens[0])
+        index = {0: 0}
+        for node in nodes:
+            parent = self.parents[node]
+            if parent not in index:
+                raise ValueError(f"node {node}'s parent {parent} is not in the subtree")
+            new = len(out)
+            index[node] = new
+            out.tokens.append(self.tokens[node])
+            out.parents.append(index[parent])
+            out.sources.append(set(self.sources[node]))
+            out.scores.append(self.scores[node])
+            out.depths.append(out.depths[index[parent]] + 1)
+            out._children.append({})
+            out._children[index[parent]][self.tokens[node]] = new
+            if node in self.draft_probs:
+                out.draft_probs[new] = self.draft_probs[node]
+        return out
 
     # --- what the verifier needs -----------------------------------------------------------
 

@@ -79,6 +79,29 @@ class PrefillObservation:
     hidden: torch.Tensor | None = None
     """[P, hidden] the asked-for layer's state at every prefilled position, or None when none was asked for."""
 
+    def head(self, n: int) -> "PrefillObservation":
+        """The first `n` positions."""
+        return PrefillObservation(self.tokens[:n], self.topk_ids[:n], self.topk_logits[:n],
+                                  None if self.hidden is None else self.hidden[:n])
+
+    def then(self, rest: "PrefillObservation") -> "PrefillObservation":
+        """These positions followed by `rest`'s."""
+        hidden = None if self.hidden is None else torch.cat([self.hidden, rest.hidden])
+        return PrefillObservation(self.tokens + rest.tokens, torch.cat([self.topk_ids, rest.topk_ids]),
+                                  torch.cat([self.topk_logits, rest.topk_logits]), hidden)
+
+
+@dataclass
+class CachedPrefix:
+    """The KV of a prompt's first `length` tokens, from an earlier request (oilbird/prefix_cache.py)."""
+
+    cache: TreeCache
+    """A cache holding at least `length` rows; the verifier crops it to `length` and prefills into it."""
+    length: int
+    """How many leading prompt tokens the cache holds (0 < length < len(prompt))."""
+    observation: PrefillObservation | None = None
+    """The earlier prefill's observation (at least `length` positions), for drafters that harvest it."""
+
 
 @dataclass
 class Verification:
@@ -145,55 +168,77 @@ class TreeVerifier:
                              "-1 = after the final norm)") from None
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> KVState:
+    def prefill(self, prompt_ids: list[int], past: CachedPrefix | None = None) -> KVState:
         """Cache the KV of `prompt_ids[:-1]`; the last prompt token becomes the anchor.
+
+        Args:
+            prompt_ids: the prompt.
+            past: the KV of a prefix of the prompt, from an earlier request (oilbird/prefix_cache.py);
+                only the rest of the prompt is run.
 
         Raises:
             ValueError: if `prompt_ids` is empty.
         """
         if not prompt_ids:
             raise ValueError("cannot prefill an empty prompt")
-        cache = new_cache(self.model.config)
-        if len(prompt_ids) > 1:
-            ids = torch.tensor([prompt_ids[:-1]], device=self.device)  # [1, P]
+        cache, done = self._start(prompt_ids, past)
+        if done < len(prompt_ids) - 1:
+            ids = torch.tensor([prompt_ids[done:-1]], device=self.device)  # [1, P - done]
             # logits_to_keep=1: the prefill commits nothing, so skip the [P, V] logits.
             self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return KVState(cache=cache, length=len(prompt_ids) - 1, anchor=int(prompt_ids[-1]))
 
+    def _start(self, prompt_ids: list[int], past: CachedPrefix | None):
+        """The cache to prefill into and how many prompt tokens it already holds."""
+        if past is None:
+            return new_cache(self.model.config), 0
+        if not 0 < past.length < len(prompt_ids) or past.cache.get_seq_length() < past.length:
+            raise ValueError(f"a cached prefix of {past.length} tokens does not fit a prompt of "
+                             f"{len(prompt_ids)} (the anchor is never cached)")
+        past.cache.crop(past.length - past.cache.get_seq_length())
+        return past.cache, past.length
+
     @torch.inference_mode()
     def prefill_observed(self, prompt_ids: list[int], chunk: int = 256, topk: bool = True,
-                         hidden_layer: int | None = -1) -> tuple[KVState, PrefillObservation]:
+                         hidden_layer: int | None = -1,
+                         past: CachedPrefix | None = None) -> tuple[KVState, PrefillObservation]:
         """`prefill`, also returning the top-k and a hidden layer at every prefilled position.
 
         The LM head is applied in chunks of `chunk` positions, so memory stays at
         [chunk, V] logits instead of [P, V]. Costs roughly one extra LM-head pass over the prompt;
         `topk=False` skips it (the top-k tensors are then empty [P, 0]). `hidden_layer` indexes
         transformers' `hidden_states` (0: input embeddings, -1: after the final norm); None: none.
+        With `past`, its `observation` (which must cover its `length` positions, computed with
+        the same `topk` and `hidden_layer`) gives the reused positions' rows.
         """
         if not prompt_ids:
             raise ValueError("cannot prefill an empty prompt")
-        cache = new_cache(self.model.config)
-        k = self.config.top_k
-        prefix = prompt_ids[:-1]
-        if not prefix:
-            empty = torch.zeros((0, k), dtype=torch.long)
-            return (KVState(cache=cache, length=0, anchor=int(prompt_ids[-1])),
-                    PrefillObservation([], empty, empty.float()))
-        ids = torch.tensor([prefix], device=self.device)  # [1, P]
+        if past is not None and (past.observation is None or len(past.observation.tokens) < past.length):
+            raise ValueError("a cached prefix reused by an observed prefill needs its observation")
+        cache, done = self._start(prompt_ids, past)
+        anchor, prefix = int(prompt_ids[-1]), prompt_ids[:-1]
+        k = self.config.top_k if topk else 0
+        if done == len(prefix):
+            observation = (past.observation.head(done) if past is not None
+                           else PrefillObservation([], torch.zeros((0, k), dtype=torch.long), torch.zeros((0, k))))
+            return KVState(cache=cache, length=done, anchor=anchor), observation
+        ids = torch.tensor([prefix[done:]], device=self.device)  # [1, P - done]
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
                          output_hidden_states=True)
-        final = out.hidden_states[-1][0]  # [P, hidden], after the final norm
+        final = out.hidden_states[-1][0]  # [P - done, hidden], after the final norm
         head = self.model.get_output_embeddings()
         n = final.shape[0]
         if topk:
             parts = [head(final[s:s + chunk]).topk(k, dim=-1) for s in range(0, n, chunk)]  # [chunk, k]
-            topk_ids = torch.cat([part.indices for part in parts])  # [P, k]
+            topk_ids = torch.cat([part.indices for part in parts])  # [P - done, k]
             topk_logits = torch.cat([part.values for part in parts])
         else:
-            topk_ids = torch.zeros((n, 0), dtype=torch.long, device=final.device)  # [P, 0]
+            topk_ids = torch.zeros((n, 0), dtype=torch.long, device=final.device)  # [P - done, 0]
             topk_logits = torch.zeros((n, 0), device=final.device)
-        state = KVState(cache=cache, length=len(prefix), anchor=int(prompt_ids[-1]))
-        return state, PrefillObservation(list(prefix), topk_ids, topk_logits, self._hidden(out, hidden_layer))
+        observation = PrefillObservation(list(prefix[done:]), topk_ids, topk_logits, self._hidden(out, hidden_layer))
+        if past is not None:
+            observation = past.observation.head(done).then(observation)
+        return KVState(cache=cache, length=len(prefix), anchor=anchor), observation
 
     @torch.inference_mode()
     def verify(self, state: KVState, tree: DraftTree, hidden_layer: int | None = None,

@@ -6,6 +6,7 @@ the very same calls):
 
     drafter.attach(loaded_target)                             # once: drafters with a model load it
     drafter.start_request(request_id, prompt_ids, tenant)     # a new request begins
+    drafter.use_sampling(request_id, sampling)                # only when the request is sampled
     drafter.observe_prefill(request_id, observation)          # only when `needs_prefill`
     loop:
         tree = drafter.propose(request_id, budget)            # a DraftTree at the anchor, <= budget nodes
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from oilbird.errors import ConfigError
+from oilbird.sampling import SamplingConfig
 from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
 from oilbird.verifier import PrefillObservation, Verification
@@ -122,6 +124,12 @@ class Drafter:
         self.requests[request_id] = state
         return state
 
+    def use_sampling(self, request_id: str, sampling: SamplingConfig) -> None:
+        """The request is sampled with `sampling` (temperature > 0); called right after
+        `start_request`. Deterministic drafters ignore it: the verifier's walk needs no draft
+        probabilities. A drafter that samples its drafts (the draft model) does so here with the
+        same settings and records each draft's distribution in the tree's `draft_probs`."""
+
     def observe_prefill(self, request_id: str, observation: PrefillObservation) -> None:
         """Harvest the prefill; called right after `start_request` when `needs_prefill` is set."""
 
@@ -130,9 +138,10 @@ class Drafter:
         raise NotImplementedError
 
     def restrict_proposal(self, request_id: str, nodes: list[int]) -> None:
-        """The engine will verify only `nodes` (root excluded) of the last proposed tree, as the chain
-        root -> nodes[0] -> ...; the next `observe` numbers them 1, 2, ... Drafters that remember
-        node indices of their proposal renumber them here (engines that verify chains only, vLLM)."""
+        """The engine will verify only `nodes` (ascending, root excluded, ancestor-closed) of the last
+        proposed tree, as `tree.subtree(nodes)`: the next `observe` numbers them 1, 2, ... Drafters
+        that remember node indices of their proposal renumber them here (vLLM verifies one chain;
+        our engine's 'fit' budget prunes trees)."""
 
     def observe(self, request_id: str, verification: Verification) -> RequestState:
         """Record what the request's last forward committed and computed; returns its state."""

@@ -28,6 +28,7 @@ from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.pld import pld_lookup
 from oilbird.drafters.registry import register
 from oilbird.errors import ConfigError, ModelError
+from oilbird.sampling import Sampler, SamplingConfig, sample_walk, warped_probs
 from oilbird.tree import DraftTree
 
 SOURCE = "draft"
@@ -47,6 +48,8 @@ class DraftModelConfig:
     """MLA's prompt lookup: longest n-gram key."""
     mla_tokens: int = 6
     """MLA's prompt lookup: tokens per proposal."""
+    sample: bool = True
+    """At temperature > 0, sample the chain from the drafter's own distribution (the request's temperature, top-k and top-p) and let the verifier test it by min(1, p/q); False drafts the drafter's argmax, as at temperature 0."""
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -116,6 +119,8 @@ class DraftModelState(RequestState):
     """A prefix of `cached` known to equal the committed sequence."""
     stats: dict = field(default_factory=_new_stats)
     """The request's measurements (`request_stats`)."""
+    sampler: Sampler | None = None
+    """Set when the request is sampled and the drafter samples its drafts (`use_sampling`)."""
 
 
 @register
@@ -161,18 +166,38 @@ class DraftModelDrafter(Drafter):
         state.cache = DynamicCache(config=self.model.config)
         return state
 
+    def use_sampling(self, request_id: str, sampling: SamplingConfig) -> None:
+        """Sample this request's drafts from the drafter's warped distribution (if `sample`).
+
+        The drafter's generator is its own, seeded from the request's seed, so a seed still
+        reproduces the run."""
+        if self.config.sample and not sampling.greedy:
+            self.state(request_id).sampler = Sampler(sampling, seed=(sampling.seed * 7919 + 104729) % 2**62)
+
     def request_stats(self, request_id: str) -> dict:
         return dict(self.state(request_id).stats)
 
     @torch.inference_mode()
-    def _read(self, state: DraftModelState, tokens: list[int]) -> list[int]:
-        """Run the drafter over `tokens` after the request's cache; its argmax after each of them."""
+    def _read(self, state: DraftModelState, tokens: list[int]) -> torch.Tensor:
+        """Run the drafter over `tokens` after the request's cache; its logits after each of them.
+
+        Returns:
+            [len(tokens), V] logits on the CPU.
+        """
         device = next(self.model.parameters()).device
         out = self.model(input_ids=torch.tensor([tokens], device=device), past_key_values=state.cache,
                          use_cache=True)
         state.cached += tokens
         state.stats["drafter_forwards"] += 1
-        return out.logits[0].argmax(dim=-1).tolist()  # [len(tokens)]
+        return out.logits[0].float().cpu()  # [len(tokens), V]
+
+    @staticmethod
+    def _choose(state: DraftModelState, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """The next draft token from one row of logits [V]: the argmax, or a sample and its q [V]."""
+        if state.sampler is None:
+            return int(logits.argmax()), None
+        q = warped_probs(logits, state.sampler.config)  # [V]
+        return state.sampler.draw(q), q
 
     @staticmethod
     def _crop(state: DraftModelState, length: int) -> None:
@@ -202,29 +227,56 @@ class DraftModelDrafter(Drafter):
         if k < 1:
             return DraftTree.root(state.anchor)
         pending = self._sync(state)
-        drafts = self._draft_mla(state, pending, k) if self.config.mla else self._draft_plain(state, pending, k)
-        return DraftTree.chain(state.anchor, drafts[:k], SOURCE)
+        draft = self._draft_mla if self.config.mla else self._draft_plain
+        drafts, qs = draft(state, pending, k)
+        tree = DraftTree.chain(state.anchor, drafts[:k], SOURCE)
+        if state.sampler is not None:  # node i + 1 holds drafts[i], sampled from qs[i]
+            tree.draft_probs.update({i + 1: q for i, q in enumerate(qs[:k])})
+        return tree
 
-    def _draft_plain(self, state: DraftModelState, pending: list[int], k: int) -> list[int]:
-        drafts = [self._read(state, pending)[-1]]
-        while len(drafts) < k:
-            drafts.append(self._read(state, [drafts[-1]])[-1])
-        return drafts
+    def _draft_plain(self, state: DraftModelState, pending: list[int], k: int):
+        """K tokens, one drafter forward each. Returns (tokens, their q's or Nones)."""
+        drafts, qs = [], []
+        logits = self._read(state, pending)[-1]  # [V]
+        while True:
+            token, q = self._choose(state, logits)
+            drafts.append(token)
+            qs.append(q)
+            if len(drafts) == k:
+                return drafts, qs
+            logits = self._read(state, [token])[-1]
 
-    def _draft_mla(self, state: DraftModelState, pending: list[int], k: int) -> list[int]:
+    def _draft_mla(self, state: DraftModelState, pending: list[int], k: int):
+        """K tokens, prompt lookup proposing to the drafter (greedy: its argmax test; sampled: the
+        rejection-sampling walk over the proposal, so the drafts are distributed exactly as the
+        drafter's own token-by-token sampling). Returns (tokens, their q's or Nones)."""
         cfg = self.config
         drafts: list[int] = []
+        qs: list[torch.Tensor | None] = []
         previous: list[int] = []  # no match: reuse the last proposal (the reference code's rule)
         while len(drafts) < k:
             proposal = pld_lookup(state.sequence + drafts, cfg.mla_ngram, 1, cfg.mla_tokens) or previous
             previous = proposal
-            preds = self._read(state, pending + proposal)[len(pending) - 1:]  # preds[i] predicts proposal[i]
-            m = 0
-            while m < len(proposal) and proposal[m] == preds[m]:
-                m += 1
+            rows = self._read(state, pending + proposal)[len(pending) - 1:]  # [len(proposal) + 1, V]; row i predicts proposal[i]
+            m, bonus, row_qs = self._mla_accept(state, proposal, rows)
             self._crop(state, len(state.cached) - (len(proposal) - m))  # forget the rejected proposal tokens
             state.stats["mla_proposed"] += len(proposal)
             state.stats["mla_accepted"] += m
-            drafts += proposal[:m] + [preds[m]]
-            pending = [preds[m]]
-        return drafts
+            drafts += proposal[:m] + [bonus]
+            qs += row_qs
+            pending = [bonus]
+        return drafts, qs
+
+    @staticmethod
+    def _mla_accept(state: DraftModelState, proposal: list[int], rows: torch.Tensor):
+        """How many proposal tokens the drafter takes, its next token, and the q's of all of them."""
+        if state.sampler is None:
+            preds = rows.argmax(dim=-1).tolist()
+            m = 0
+            while m < len(proposal) and proposal[m] == preds[m]:
+                m += 1
+            return m, preds[m], [None] * (m + 1)
+        chain = DraftTree.chain(-1, proposal, "pld")
+        dist = [warped_probs(row, state.sampler.config) for row in rows]  # [V] each; node i's is row i
+        path, bonus = sample_walk(chain, lambda node: dist[node], state.sampler)
+        return len(path), bonus, dist[: len(path) + 1]

@@ -240,7 +240,7 @@ class EngineDrafter:
         else:
             path = tree.best_path(max_drafts)
         self.drafter.restrict_proposal(request_id, path)
-        chain = tree.chain_along(path)
+        chain = tree.subtree(path)
         self.proposed[request_id] = chain
         return chain.tokens[1:]
 

@@ -18,12 +18,9 @@ tried before its record can condemn it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from oilbird.acceptance import AcceptanceModel
 from oilbird.tree import DraftTree
 
-MAX_DEPTH_KEY = 8
-SCORE_BINS = 4
 MAX_BATCH_REACH = 0.5
 
 
@@ -42,38 +39,12 @@ def batch_min_reach(min_reach: float, batch_size: int) -> float:
     return min(MAX_BATCH_REACH, min_reach * batch_size / (1 + min_reach * (batch_size - 1)))
 
 
-def node_key(tree: DraftTree, node: int) -> tuple[str, int, int]:
-    """What a node's acceptance is estimated by: its source tags, its depth, its score bin."""
-    tags = "+".join(sorted(tree.sources[node])) or "?"
-    depth = min(tree.depths[node], MAX_DEPTH_KEY)
-    score = min(SCORE_BINS, max(0, int(tree.scores[node] * SCORE_BINS)))
-    return tags, depth, score
-
-
-@dataclass
-class ChainCalibrator:
-    """Online acceptance estimates for one tenant's draft nodes, keyed by `node_key`."""
-
-    prior: float = 0.8
-    """The estimate of a key never tried: optimistic, so that a source is tried before its record
-    can condemn it."""
-    prior_weight: float = 2.0
-    """How many observations the prior counts as."""
-    counts: dict[tuple[str, int, int], list[int]] = field(default_factory=dict)
-    """key -> [times verified with its parent accepted, times accepted]."""
-
-    def p_accept(self, key: tuple[str, int, int]) -> float:
-        """P(accepted | parent accepted) for a node of this key."""
-        tried, accepted = self.counts.get(key, (0, 0))
-        return (accepted + self.prior * self.prior_weight) / (tried + self.prior_weight)
+class ChainCalibrator(AcceptanceModel):
+    """`AcceptanceModel` for engines that verify one chain per step."""
 
     def update(self, chain: DraftTree, accepted: int) -> None:
-        """A verified chain whose first `accepted` drafts were accepted: its nodes up to the first
-        rejected one were tried (their parent was accepted)."""
-        for node in range(1, min(len(chain), accepted + 2)):
-            entry = self.counts.setdefault(node_key(chain, node), [0, 0])
-            entry[0] += 1
-            entry[1] += node <= accepted
+        """A verified chain whose first `accepted` drafts were accepted."""
+        self.update_tree(chain, list(range(1, accepted + 1)))
 
     def choose(self, tree: DraftTree, max_len: int, min_reach: float) -> list[int]:
         """The chain to verify: from the root, the child whose subtree promises the most accepted
@@ -84,7 +55,7 @@ class ChainCalibrator:
             The path's node indices, root excluded, at most `max_len`.
         """
         n_nodes = len(tree)
-        p = [1.0] + [self.p_accept(node_key(tree, n)) for n in range(1, n_nodes)]
+        p = self.node_probs(tree)
         best_child = [0.0] * n_nodes  # the best promise among a node's children
         for n in range(n_nodes - 1, 0, -1):  # children come after their parents
             parent = tree.parents[n]

@@ -1,0 +1,62 @@
+"""Online estimates of how likely a draft node is to be accepted, from what was verified.
+
+Drafters tag every node with its sources and a score, but the scores of different sources mean
+different things (a suffix-tree frequency, a cosine similarity, a table rank). `AcceptanceModel`
+turns tags, depth and score into one currency, learnt from verification outcomes: the probability
+that a node is accepted given that its parent was. Engines use it to decide what to verify: vLLM's
+adapter picks one chain of the tree (integrations/vllm/chain_policy.py), our own engine picks the
+subtree worth its forward's cost (oilbird/tree_select.py).
+
+Estimates start from an optimistic prior, so that a source is tried before its record can
+condemn it. Keep one model per tenant: traffic differs between tenants, and nothing one tenant's
+requests reveal should steer another's drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from oilbird.tree import DraftTree
+
+MAX_DEPTH_KEY = 8
+SCORE_BINS = 4
+
+
+def node_key(tree: DraftTree, node: int) -> tuple[str, int, int]:
+    """What a node's acceptance is estimated by: its source tags, its depth, its score bin."""
+    tags = "+".join(sorted(tree.sources[node])) or "?"
+    depth = min(tree.depths[node], MAX_DEPTH_KEY)
+    score = min(SCORE_BINS, max(0, int(tree.scores[node] * SCORE_BINS)))
+    return tags, depth, score
+
+
+@dataclass
+class AcceptanceModel:
+    """Online acceptance estimates for one tenant's draft nodes, keyed by `node_key`."""
+
+    prior: float = 0.8
+    """The estimate of a key never tried: optimistic, so that a source is tried before its record
+    can condemn it."""
+    prior_weight: float = 2.0
+    """How many observations the prior counts as."""
+    counts: dict[tuple[str, int, int], list[int]] = field(default_factory=dict)
+    """key -> [times verified with its parent accepted, times accepted]."""
+
+    def p_accept(self, key: tuple[str, int, int]) -> float:
+        """P(accepted | parent accepted) for a node of this key."""
+        tried, accepted = self.counts.get(key, (0, 0))
+        return (accepted + self.prior * self.prior_weight) / (tried + self.prior_weight)
+
+    def node_probs(self, tree: DraftTree) -> list[float]:
+        """P(accepted | parent accepted) for every node; 1 for the root."""
+        return [1.0] + [self.p_accept(node_key(tree, n)) for n in range(1, len(tree))]
+
+    def update_tree(self, tree: DraftTree, path: list[int]) -> None:
+        """A verified tree and its accepted path: every node whose parent was accepted (or is the
+        root) was tried; those on the path were accepted."""
+        reached = {0, *path}
+        for node in range(1, len(tree)):
+            if tree.parents[node] in reached:
+                entry = self.counts.setdefault(node_key(tree, node), [0, 0])
+                entry[0] += 1
+                entry[1] += node in reached

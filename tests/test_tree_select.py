@@ -1,0 +1,62 @@
+"""The 'fit' budget (oilbird/tree_select.py): reaches, the subtree that pays for its forward, and
+the online acceptance model behind it, on hand-built trees."""
+
+from oilbird.acceptance import AcceptanceModel, node_key
+from oilbird.budget import CostCurve
+from oilbird.tree import DraftTree
+from oilbird.tree_select import FittedTree, fit_subtree, reaches
+
+
+def two_source_tree() -> DraftTree:
+    # root -> 1 (lex) -> 2 (lex) -> 3 (lex)
+    #      -> 4 (sem) -> 5 (sem)
+    tree = DraftTree.root(0)
+    tree.add_chain(0, [1, 2, 3], "lex", [0.9, 0.9, 0.9])
+    tree.add_chain(0, [4, 5], "sem", [0.9, 0.9])
+    return tree
+
+
+def test_reach_is_the_product_along_the_path():
+    tree = two_source_tree()
+    r = reaches(tree, [1.0, 0.5, 0.5, 0.5, 0.2, 0.5])
+    assert r == [1.0, 0.5, 0.25, 0.125, 0.2, 0.1]
+
+
+def test_a_flat_cost_keeps_every_node_a_steep_one_keeps_only_the_likely():
+    r = [1.0, 0.9, 0.8, 0.1, 0.05]
+    assert fit_subtree(r, lambda n: 1.0) == [1, 2, 3, 4]  # free nodes always pay
+    steep = lambda n: 1.0 + 0.2 * (n - 1)  # each node costs a fifth of a step
+    assert fit_subtree(r, steep) == [1, 2]  # 2.7 tokens / 1.4 beats 2.8 / 1.6 and 1.9 / 1.2
+    assert fit_subtree(r, lambda n: float(n)) == []  # a node costs a whole step: verify none
+
+
+def test_the_kept_nodes_are_ancestor_closed():
+    tree = two_source_tree()
+    r = reaches(tree, [1.0, 0.9, 0.9, 0.9, 0.95, 0.1])  # sem's first node beats lex's
+    keep = fit_subtree(r, lambda n: 1.0 + 0.05 * n)
+    assert keep == [1, 2, 3, 4]
+    assert all(tree.parents[n] in {0, *keep} for n in keep)
+    tree.subtree(keep)  # raises if a kept node's parent were dropped
+
+
+def test_the_policy_learns_which_source_to_trust():
+    curve = CostCurve({1: 1.0, 2: 1.2, 8: 2.4})  # a draft node costs a fifth of a step
+    policy = FittedTree(curve, max_budget=64)
+    assert policy.choose() == 64
+    tree = two_source_tree()
+    assert policy.select(tree) == [1, 2, 3, 4, 5]  # the optimistic prior tries both sources
+    for _ in range(30):  # lex always accepted to depth 3, sem never
+        policy.verified(64, tree, [1, 2, 3])
+    model = policy.model
+    assert model.p_accept(node_key(tree, 1)) > 0.9 and model.p_accept(node_key(tree, 4)) < 0.1
+    assert policy.select(tree) == [1, 2, 3]
+
+
+def test_only_nodes_whose_parent_was_accepted_count_as_tried():
+    model = AcceptanceModel(prior=0.5, prior_weight=0.0)
+    tree = two_source_tree()
+    model.update_tree(tree, [4])  # sem's first accepted, its child rejected; lex's first rejected
+    assert model.counts[node_key(tree, 4)] == [1, 1]
+    assert model.counts[node_key(tree, 5)] == [1, 0]
+    assert model.counts[node_key(tree, 1)] == [1, 0]
+    assert node_key(tree, 2) not in model.counts  # its parent was never accepted: not tried
