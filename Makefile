@@ -62,7 +62,7 @@ test-vllm: $(VLLM_STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/oilbird bench --dataset api-bank --per-category 5 --limit 20 --max-new-tokens 64 \
-		--methods pld,sam,suffix,tr,goose,oilbird,hf-pld --budget auto --out $(BENCH_OUT)
+		--methods pld,sam,suffix,tr,goose,oilbird,hf-pld --budget fit --out $(BENCH_OUT)
 
 bench-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_PY) scripts/vllm_bench.py --workload slice --max-num-seqs 1 \
