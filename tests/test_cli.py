@@ -34,7 +34,7 @@ def test_unknown_method_lists_methods(capsys):
 @pytest.mark.parametrize("spec", ["pld@0", "pld@big", "hf-pld@60"])
 def test_bad_method_budget_is_refused(capsys, spec):
     code, _, err = run_cli(capsys, "bench", "--methods", spec)
-    assert code == 2 and "name@N or name@auto" in err
+    assert code == 2 and "name@N, name@auto or name@fit" in err
 
 
 def test_malformed_jsonl_names_file_and_line(capsys, tmp_path, smol):
@@ -84,11 +84,12 @@ def test_bench_prints_its_cost_curve_and_records_its_kernels(capsys, smol, tmp_p
     for kernels in (["--gemm", "default", "--attention", "sdpa"], []):
         out_dir = tmp_path / ("plain" if kernels else "fast")
         code, out, _ = run_cli(capsys, "bench", "--dataset", "api-bank/level-1-api", "--limit", "1",
-                               "--max-new-tokens", "8", "--methods", "pld", "--budget", "auto",
+                               "--max-new-tokens", "8", "--methods", "pld", "--budget", "auto,fit",
                                "--budget-grid", "1,4", "--budget-cost-prefix", "64", "--warmup", "0",
                                "--no-progress", "--out", str(out_dir), *kernels)
         assert code == 0
-        assert "The cost curve the 'auto' budget used" in out and "| 4 |" in out
+        assert "The cost curve the measured budgets ('auto', 'fit') used" in out and "| 4 |" in out
+        assert "| pld@auto |" in out and "| pld@fit |" in out
         summary = json.loads((out_dir / "summary.json").read_text())
         expected = "default/sdpa" if kernels else "onednn/oilbird_tree"
         assert summary["environment"]["kernels"] == expected
