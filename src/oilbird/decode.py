@@ -158,15 +158,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
         if sampler is not None:
             drafter.use_sampling(request_id, config.sampling)
         t = time.perf_counter()
-        past = prefix_cache.take(tenant, prompt_ids, drafter.needs_prefill) if prefix_cache is not None else None
-        result.prefix_reused = past.length if past is not None else 0
-        observation = None
-        if drafter.needs_prefill:
-            state, observation = verifier.prefill_observed(prompt_ids, topk=drafter.prefill_topk,
-                                                           hidden_layer=drafter.hidden_layer, past=past)
-            drafter.observe_prefill(request_id, observation)
-        else:
-            state = verifier.prefill(prompt_ids, past)
+        state, observation = _prefill(verifier, drafter, prompt_ids, request_id, tenant, prefix_cache, result)
         result.prefill_s = time.perf_counter() - t
         while len(out) < config.max_new_tokens:
             # A tree of N nodes commits at most N tokens after the anchor, so the sequence
@@ -176,14 +168,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                 result.finish_reason = "context"
                 break
             t = time.perf_counter()
-            budget = min(config.node_budget, room)
-            if budget_policy is not None:
-                budget = min(budget, budget_policy.choose())
-            tree = drafter.propose(request_id, budget).truncated(budget)
-            keep = budget_policy.select(tree) if budget_policy is not None else None
-            if keep is not None and len(keep) < len(tree) - 1:  # verify only these nodes, renumbered
-                drafter.restrict_proposal(request_id, keep)
-                tree = tree.subtree(keep)
+            budget, tree = _propose(drafter, request_id, min(config.node_budget, room), budget_policy)
             result.propose_s += time.perf_counter() - t
             ver = verifier.verify(state, tree, drafter.hidden_layer, sampler)
             result.forward_s += ver.forward_s
@@ -215,6 +200,32 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
         drafter.stop_request(request_id)
     result.wall_s = time.perf_counter() - start
     return result
+
+
+def _propose(drafter: Drafter, request_id: str, cap: int, budget_policy):
+    """The drafter's tree within the budget (the policy's choice, at most `cap`), pruned to the
+    nodes the policy would verify ('fit'). Returns (the budget offered, the tree to verify)."""
+    budget = cap if budget_policy is None else min(cap, budget_policy.choose())
+    tree = drafter.propose(request_id, budget).truncated(budget)
+    keep = budget_policy.select(tree) if budget_policy is not None else None
+    if keep is not None and len(keep) < len(tree) - 1:  # verify only these nodes, renumbered
+        drafter.restrict_proposal(request_id, keep)
+        tree = tree.subtree(keep)
+    return budget, tree
+
+
+def _prefill(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int], request_id: str, tenant: str,
+             prefix_cache: PrefixCache | None, result: RequestResult):
+    """The request's prefill (from the tenant's cached prefix where one matches), and the
+    drafter's harvest of it when it wants one. Returns (KV state, observation or None)."""
+    past = prefix_cache.take(tenant, prompt_ids, drafter.needs_prefill) if prefix_cache is not None else None
+    result.prefix_reused = past.length if past is not None else 0
+    if not drafter.needs_prefill:
+        return verifier.prefill(prompt_ids, past), None
+    state, observation = verifier.prefill_observed(prompt_ids, topk=drafter.prefill_topk,
+                                                   hidden_layer=drafter.hidden_layer, past=past)
+    drafter.observe_prefill(request_id, observation)
+    return state, observation
 
 
 def _attribute(result: RequestResult, tree, path: list[int]) -> None:

@@ -152,3 +152,28 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> t
     if config.attention == "tree":
         fast.set_attn_implementation(TREE_ATTENTION)
     return fast.eval()
+
+
+def harvest_head(head: torch.nn.Module, want: str, device: torch.device, dtype: torch.dtype):
+    """The LM head a prefill harvest runs (GOOSE's and Oilbird's prompt top-k).
+
+    The harvest is draft material only, never what is verified, so it may run in a faster
+    dtype than the model's: 'auto' picks bfloat16 on a CPU with bfloat16 GEMM (AVX-512 BF16 or
+    AMX; about 3x float32 there), else the model's own head.
+
+    Args:
+        head: the model's output embeddings (a Linear or PackedLinear with `.weight`).
+        want: 'auto', 'model', or a dtype name ('bfloat16', 'float32').
+        device, dtype: the model's.
+
+    Returns:
+        hidden [T, d] -> logits [T, V] (float32 when converted).
+    """
+    if want == "auto":
+        fast_bf16 = device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        want = "bfloat16" if fast_bf16 else "model"
+    if want == "model" or getattr(torch, want) == dtype:
+        return head
+    weight = head.weight.detach().to(getattr(torch, want))  # [V, d], one copy
+    bias = None if getattr(head, "bias", None) is None else head.bias.detach().to(weight.dtype)
+    return lambda h: torch.nn.functional.linear(h.to(weight.dtype), weight, bias).float()

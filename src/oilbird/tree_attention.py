@@ -25,6 +25,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from oilbird.errors import ModelError
+
 TREE_ATTENTION = "oilbird_tree"
 """The attention implementation name models are switched to (`model.set_attn_implementation`)."""
 
@@ -59,3 +61,23 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
 
 AttentionInterface.register(TREE_ATTENTION, tree_attention)
 AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
+
+
+def check_tree_attention(config) -> None:
+    """Refuse models whose attention cannot honor a custom 4-D tree mask.
+
+    Flash-attention kernels ignore custom masks, and a sliding-window or chunked layer would have
+    its window replaced (not narrowed) by the tree mask; either would silently break losslessness.
+
+    Raises:
+        ModelError: naming the problem and what to do.
+    """
+    impl = getattr(config, "_attn_implementation", None) or "sdpa"
+    if impl not in ("sdpa", "eager", TREE_ATTENTION):
+        raise ModelError(f"attention implementation {impl!r} ignores custom tree masks; "
+                         "load the model with attn_implementation='sdpa' or 'eager'")
+    layer_types = getattr(config, "layer_types", None) or ()
+    windowed = sorted({t for t in layer_types if t != "full_attention"})
+    if windowed:
+        raise ModelError(f"the model has {', '.join(windowed)} layers; tree verification "
+                         "supports full-attention models only")

@@ -36,10 +36,11 @@ import torch
 
 from oilbird.errors import ModelError
 from oilbird.fly import FlyConfig, entropy, fly_walk
+from oilbird.kernels import harvest_head
 from oilbird.kv_cache import TreeCache, compact_cache, new_cache
 from oilbird.sampling import Sampler, calibration_terms, sample_walk, warped_probs
 from oilbird.tree import DraftTree
-from oilbird.tree_attention import TREE_ATTENTION
+from oilbird.tree_attention import check_tree_attention
 
 
 @dataclass
@@ -159,7 +160,7 @@ class TreeVerifier:
         self.config = config or VerifierConfig()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self._harvest_weight = None  # the harvest head's weight in `harvest_dtype`, when it differs
+        self._harvest = None  # the prefill harvest's LM head, built on first use
 
     def _hidden(self, out, layer: int | None) -> torch.Tensor | None:
         """The asked-for layer's states from a forward's output, [T, hidden], or None."""
@@ -246,21 +247,11 @@ class TreeVerifier:
         return KVState(cache=cache, length=len(prefix), anchor=anchor), observation
 
     def _harvest_head(self):
-        """The LM head the prefill harvest runs: the model's, or a bfloat16 copy of its weight
-        (built once) where that is faster. Harvested top-k only feeds drafts, so its precision
-        never touches what is committed."""
-        head = self.model.get_output_embeddings()
-        want = self.config.harvest_dtype
-        if want == "auto":
-            fast_bf16 = self.device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-            want = "bfloat16" if fast_bf16 else "model"
-        if want == "model" or getattr(torch, want) == self.dtype:
-            return head
-        if self._harvest_weight is None:
-            self._harvest_weight = head.weight.detach().to(getattr(torch, want))  # [V, hidden]
-        weight = self._harvest_weight
-        bias = None if getattr(head, "bias", None) is None else head.bias.to(weight.dtype)
-        return lambda h: torch.nn.functional.linear(h.to(weight.dtype), weight, bias).float()  # [T, V]
+        """The LM head of the prefill harvest (oilbird.kernels.harvest_head), built once."""
+        if self._harvest is None:
+            self._harvest = harvest_head(self.model.get_output_embeddings(), self.config.harvest_dtype,
+                                         self.device, self.dtype)
+        return self._harvest
 
     @torch.inference_mode()
     def verify(self, state: KVState, tree: DraftTree, hidden_layer: int | None = None,
@@ -375,26 +366,6 @@ def top_k_and_argmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
         if len(tied):
             argmax[tied] = logits[tied].argmax(dim=-1)
     return ids[:, :k], values[:, :k], argmax
-
-
-def check_tree_attention(config) -> None:
-    """Refuse models whose attention cannot honor a custom 4-D tree mask.
-
-    Flash-attention kernels ignore custom masks, and a sliding-window or chunked layer would have
-    its window replaced (not narrowed) by the tree mask; either would silently break losslessness.
-
-    Raises:
-        ModelError: naming the problem and what to do.
-    """
-    impl = getattr(config, "_attn_implementation", None) or "sdpa"
-    if impl not in ("sdpa", "eager", TREE_ATTENTION):
-        raise ModelError(f"attention implementation {impl!r} ignores custom tree masks; "
-                         "load the model with attn_implementation='sdpa' or 'eager'")
-    layer_types = getattr(config, "layer_types", None) or ()
-    windowed = sorted({t for t in layer_types if t != "full_attention"})
-    if windowed:
-        raise ModelError(f"the model has {', '.join(windowed)} layers; tree verification "
-                         "supports full-attention models only")
 
 
 def greedy_walk(tree: DraftTree, preds: list[int]) -> list[int]:
