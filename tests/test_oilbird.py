@@ -389,3 +389,32 @@ def test_a_partial_prefill_gives_the_first_query_and_indexes_nothing():
     drafter.start_request("b1", prompt, "B")  # a tenant's first states may come from a partial prefill
     drafter.observe_prefill("b1", PrefillObservation(PROMPT, None, None, STATE[None]))
     assert len(drafter.memories.get("B").store) == 0 and drafter.state("b1").query is not None
+
+
+def test_paid_semantic_nodes_are_counted_as_the_engine_verified_them():
+    # An engine that prunes the proposal ('fit', vLLM's chain) renumbers the paid nodes; the
+    # semantic source's paid count is of what was verified, not of what was proposed.
+    drafter = new_drafter()
+    serve(drafter, "a1", PROMPT, output(100), "A")
+    for keep_semantic in (True, False):
+        rid = f"r{keep_semantic}"
+        drafter.start_request(rid, PROMPT, "A")
+        n = len(PROMPT) - 1
+        drafter.observe_prefill(rid, PrefillObservation(PROMPT[:-1], torch.zeros(n, 0), torch.zeros(n, 0),
+                                                        STATE.repeat(n, 1)))
+        fired = False
+        for token in output(300):
+            before = drafter.request_stats(rid)["sem_paid"]
+            tree = drafter.propose(rid, budget=40)
+            paid = [n for n in range(1, len(tree)) if "sem" in tree.sources[n]]
+            keep = list(range(1, len(tree)))
+            if paid and not fired:  # the first cycle where the key fired: the engine prunes
+                fired = True
+                keep = sorted({a for p in paid for a in tree.path_to(p)}) if keep_semantic else []
+                drafter.restrict_proposal(rid, keep)
+            drafter.observe(rid, verification(tree.subtree(keep), [token]))
+            if paid and keep != list(range(1, len(tree))):
+                counted = drafter.request_stats(rid)["sem_paid"] - before
+                assert (counted >= 1) if keep_semantic else (counted == 0), counted
+        drafter.stop_request(rid)
+        assert fired, "the key never fired: the test would prove nothing"

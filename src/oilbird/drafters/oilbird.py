@@ -232,7 +232,6 @@ class SemanticDrafter(Drafter):
             tree = tree.truncated(max(1, min(len(tree), budget - planned)))
             state.paid = merge_chains(tree, chains, entries, budget)
             stats["fired"] += 1
-            stats["sem_paid"] += len(state.paid)
         stats["merge_s"] += time.perf_counter() - t2
         return tree
 
@@ -298,8 +297,9 @@ class SemanticDrafter(Drafter):
         ver, memory = verification, state.memory
         states = self._layer(ver.hidden)  # [N, d]
         store = memory.ensure(states)
-        if state.paid:
+        if state.paid:  # counted here, after an engine's pruning ('fit', vLLM's chain) renumbered them
             accepted = len(set(ver.path) & set(state.paid))
+            state.stats["sem_paid"] += len(state.paid)
             state.stats["sem_paid_accepted"] += accepted
             memory.calibrator.update(len(state.paid), accepted)
         # The visibility rule: this forward's records, about to be added to both sources, wait
