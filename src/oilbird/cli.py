@@ -85,12 +85,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     config.method_list()  # unknown methods fail before the model loads
     drafter_configs = _drafter_configs(args)
     forward = _forward_config(args)
+    verifier_config = config_from_args(VerifierConfig, args, prefix="verifier")  # bad values fail before the load
+    budget_config = config_from_args(BudgetConfig, args, prefix="budget", mode="auto")
     loaded = _load(args)
     out_dir = Path(args.out)
     summary = run_bench(loaded, config, drafter_configs, out_dir=out_dir, progress=not args.no_progress,
-                        verifier_config=config_from_args(VerifierConfig, args, prefix="verifier"),
-                        budget_config=config_from_args(BudgetConfig, args, prefix="budget", mode="auto"),
-                        forward_config=forward)
+                        verifier_config=verifier_config, budget_config=budget_config, forward_config=forward)
     print(summary["table"])
     if summary["budget_curve"]:
         from oilbird.budget import CostCurve
