@@ -182,21 +182,21 @@ class DraftModelDrafter(Drafter):
         """Run the drafter over `tokens` after the request's cache; its logits after each of them.
 
         Returns:
-            [len(tokens), V] logits on the CPU.
+            [len(tokens), V] logits, on the drafter's device (only what a draft needs is copied out).
         """
         device = next(self.model.parameters()).device
         out = self.model(input_ids=torch.tensor([tokens], device=device), past_key_values=state.cache,
                          use_cache=True)
         state.cached += tokens
         state.stats["drafter_forwards"] += 1
-        return out.logits[0].float().cpu()  # [len(tokens), V]
+        return out.logits[0]  # [len(tokens), V]
 
     @staticmethod
     def _choose(state: DraftModelState, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """The next draft token from one row of logits [V]: the argmax, or a sample and its q [V]."""
         if state.sampler is None:
             return int(logits.argmax()), None
-        q = warped_probs(logits, state.sampler.config)  # [V]
+        q = warped_probs(logits.cpu(), state.sampler.config)  # [V]
         return state.sampler.draw(q), q
 
     @staticmethod
@@ -277,6 +277,6 @@ class DraftModelDrafter(Drafter):
                 m += 1
             return m, preds[m], [None] * (m + 1)
         chain = DraftTree.chain(-1, proposal, "pld")
-        dist = [warped_probs(row, state.sampler.config) for row in rows]  # [V] each; node i's is row i
+        dist = [warped_probs(row, state.sampler.config) for row in rows.cpu()]  # [V] each; node i's is row i
         path, bonus = sample_walk(chain, lambda node: dist[node], state.sampler)
         return len(path), bonus, dist[: len(path) + 1]
