@@ -106,13 +106,16 @@ def serve(engine: EngineDrafter, verifier: TreeVerifier, rid: str, prompt: list[
             by[0] += 1
             by[1] += len(drafts)
             by[2] += len(ver.path)
+    for key, value in engine.drafter.request_stats(rid).items():  # e.g. Oilbird's retrieval time
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("theta", "bytes_per_record", "store_records"):
+            counts["drafter"][key] = counts["drafter"].get(key, 0) + value
     engine.finish(rid)
     return out
 
 
 def run(method: str, args, loaded, verifier, prompts, reference) -> dict:
     engine = EngineDrafter.build(engine_config(method, args.set))
-    counts = dict(steps=0, drafts=0, draft_tokens=0, accepted=0, propose_s=0.0, by_source={})
+    counts = dict(steps=0, drafts=0, draft_tokens=0, accepted=0, propose_s=0.0, by_source={}, drafter={})
     outputs, differing = [], []
     for i, prompt in enumerate(tqdm(prompts, desc=method, file=sys.stderr, leave=False)):
         out = serve(engine, verifier, f"r{i}", prompt, args, loaded.stop_ids, counts)
@@ -155,6 +158,8 @@ def main(argv=None) -> int:
               f"| {r['est_decode_s']:.1f} | {len(r['differing'])} |")
     for r in rows:
         print(r["method"], {k: f"{v[0]} steps {v[1]} tok {v[2]} acc" for k, v in r["by_source"].items()})
+        if r["drafter"]:
+            print(r["method"], "drafter:", {k: round(v, 3) for k, v in r["drafter"].items()})
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0

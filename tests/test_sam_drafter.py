@@ -36,6 +36,20 @@ def test_drafts_from_past_request_of_same_tenant():
     assert tree.tokens[0] == 4 and tree.tokens[1:4] == [5, 6, 7]  # "2 3 4" matched in r1
 
 
+def test_occurrence_recent_copies_the_latest_past_request_and_own_text():
+    drafters = {occ: make_drafter("sam", SAMConfig(max_candidates=1, occurrence=occ)) for occ in ("first", "recent")}
+    for drafter in drafters.values():
+        serve(drafter, "r1", [1, 2, 3], [4, 5, 6])
+        serve(drafter, "r2", [1, 2, 3], [4, 7, 8])
+        drafter.start_request("r3", [9, 3, 4], "t")
+    assert drafters["first"].propose("r3", budget=3).tokens[1:] == [5, 6]
+    assert drafters["recent"].propose("r3", budget=3).tokens[1:] == [7, 8]
+    # Its own text: the latest occurrence before the newest position, never the newest itself.
+    drafter = drafters["recent"]
+    drafter.start_request("r4", [20, 21, 22, 20, 21, 23, 20, 21], "u")
+    assert drafter.propose("r4", budget=3).tokens[1:] == [23, 20]
+
+
 def test_local_text_drafts_and_never_matches_itself():
     drafter = make_drafter("sam", SAMConfig(max_candidates=1))
     drafter.start_request("r", [5, 6, 7, 8, 5, 6], "t")

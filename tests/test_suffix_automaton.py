@@ -1,5 +1,6 @@
 """Suffix automaton against brute force on random streams (hypothesis) and hand-built cases."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,3 +97,36 @@ def test_cursor_advanced_before_extension_never_matches_itself():
     state, length = sam.advance(state, length, 7)
     sam.extend(7)
     assert length == 1 and sam.continuation(state, 3) == [8, 9, 7]
+
+
+def brute_last_end(stream, sub):
+    n = len(sub)
+    return max(i + n - 1 for i in range(len(stream) - n + 1) if stream[i:i + n] == sub)
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=tokens.filter(bool), data=st.data())
+def test_track_recent_gives_every_substrings_first_and_last_end(stream, data):
+    sam = SuffixAutomaton(track_recent=True)
+    sam.extend_many(stream)
+    start = data.draw(st.integers(0, len(stream) - 1))
+    sub = stream[start:data.draw(st.integers(start + 1, len(stream)))]
+    state, length = sam.match(sub)
+    assert length == len(sub)
+    assert sam.first_end[state] == brute_first_end(stream, sub)
+    assert sam.last_end[state] == brute_last_end(stream, sub)
+    ends = sorted(i + len(sub) - 1 for i in range(len(stream) - len(sub) + 1) if stream[i:i + len(sub)] == sub)
+    assert sam.prev_end[state] == (ends[-2] if len(ends) > 1 else -1)
+
+
+def test_recent_continuation_copies_the_latest_occurrence():
+    sam = SuffixAutomaton(track_recent=True)
+    sam.extend_many([1, 2, 3, 4, 1, 2, 5, 6, 1, 2])
+    state, length = sam.match([1, 2])
+    assert length == 2
+    assert sam.continuation(state, 2) == [3, 4]  # the first "1 2" is followed by 3 4
+    assert sam.continuation(state, 2, recent=True) == [5, 6]  # the latest followed one, not the query's own
+    plain = SuffixAutomaton()
+    plain.extend_many([1, 2])
+    with pytest.raises(ValueError, match="track_recent"):
+        plain.continuation(plain.match([1])[0], 1, recent=True)

@@ -94,6 +94,7 @@ def test_a_batch_asks_more_of_a_draft_token():
     assert batch_min_reach(0.1, 1) == 0.1 and batch_min_reach(0.1, 0) == 0.1
     reaches = [batch_min_reach(0.1, b) for b in (1, 2, 4, 8, 64)]
     assert reaches == sorted(reaches) and reaches[-1] == 0.5
+    assert batch_min_reach(0.1, 8, cap=0.3) == 0.3 and batch_min_reach(0.4, 8, cap=0.3) == 0.4  # never below min_reach
     assert abs(batch_min_reach(0.1, 2) - 0.2 / 1.1) < 1e-12
     engine = EngineDrafter.build(EngineDrafterConfig(method="pld", min_reach=0.3))
     (alone,) = engine.step([step("a", [7])], max_drafts=4)  # prior 0.8: reach 0.8, 0.64, 0.51, 0.41

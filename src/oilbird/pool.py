@@ -32,6 +32,9 @@ class PoolConfig:
 
     max_tokens: int = 4_000_000
     """Cap on stored tokens per tenant; the oldest requests are evicted beyond it."""
+    track_recent: bool = False
+    """Keep each automaton state's most recent occurrence too (`SuffixAutomaton(track_recent=True)`),
+    for drafters that copy from it."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -46,7 +49,7 @@ class TokenStore:
         self.requests: deque[tuple[str, list[int]]] = deque()
         self.num_tokens = 0
         self.evicted_requests = 0
-        self.sam = SuffixAutomaton()
+        self.sam = SuffixAutomaton(self.config.track_recent)
         self._indexed_tokens = 0  # tokens in the automaton, evicted ones included
         self.version = 0
         """Bumped whenever the automaton changes, so cursors into it know to re-match."""
@@ -71,7 +74,7 @@ class TokenStore:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        self.sam = SuffixAutomaton()
+        self.sam = SuffixAutomaton(self.config.track_recent)
         for _, tokens in self.requests:
             self.sam.extend_many(tokens)
             self.sam.end_document()

@@ -5,7 +5,10 @@ Contract:
   automaton then recognizes every substring of the stream.
 - Each state remembers `first_end`, the end index of the *first* occurrence of its strings, so a
   match's continuation is read from the earliest occurrence (the one with the longest tail, as
-  every prompt-lookup reference does).
+  every prompt-lookup reference does). With `track_recent`, states also remember `last_end`, the
+  end of the *most recent* occurrence (`continuation(..., recent=True)`): repetitive traffic
+  (tool calls, templates) tends to repeat what it did last. Keeping it costs a walk up the suffix
+  links at every `extend` (every suffix of the stream gains the new end), so it is opt-in.
 - A cursor `(state, length)` tracks the longest suffix of some query text that occurs in the
   stream. `advance` moves it by one token; callers advance *before* extending with the same
   token, so the text never matches its own newest position.
@@ -21,7 +24,14 @@ from typing import Iterable, Sequence
 class SuffixAutomaton:
     """Online suffix automaton with first-occurrence end positions."""
 
-    def __init__(self) -> None:
+    def __init__(self, track_recent: bool = False) -> None:
+        self.track_recent = track_recent
+        self.last_end: list[int] = [-1]
+        """Index in `tokens` where the most recent occurrence of the state's strings ends
+        (kept only with `track_recent`)."""
+        self.prev_end: list[int] = [-1]
+        """Where the occurrence before that ends (-1: none): the latest occurrence with a
+        continuation when the latest one ends the stream (a request's own newest text)."""
         self.next: list[dict[int, int]] = [{}]
         """Transitions of each state: token -> state."""
         self.link: list[int] = [-1]
@@ -43,11 +53,13 @@ class SuffixAutomaton:
         return len(self.length)
 
     def _new_state(self, length: int, first_end: int, link: int = -1,
-                   transitions: dict[int, int] | None = None) -> int:
+                   transitions: dict[int, int] | None = None, last_end: int | None = None) -> int:
         self.next.append(transitions if transitions is not None else {})
         self.link.append(link)
         self.length.append(length)
         self.first_end.append(first_end)
+        self.last_end.append(first_end if last_end is None else last_end)
+        self.prev_end.append(-1)
         return len(self.length) - 1
 
     def extend(self, token: int) -> None:
@@ -67,12 +79,17 @@ class SuffixAutomaton:
                 self.link[cur] = q
             else:  # split q: the clone keeps the shorter strings, with q's first occurrence
                 clone = self._new_state(self.length[p] + 1, self.first_end[q], self.link[q],
-                                        dict(self.next[q]))
+                                        dict(self.next[q]), self.last_end[q])
                 while p != -1 and self.next[p].get(token) == q:
                     self.next[p][token] = clone
                     p = self.link[p]
                 self.link[q] = self.link[cur] = clone
         self.last = cur
+        if self.track_recent:  # every suffix of the stream now also ends here
+            end, p = len(self.tokens) - 1, self.link[cur]
+            while p > 0:
+                self.prev_end[p], self.last_end[p] = self.last_end[p], end
+                p = self.link[p]
 
     def extend_many(self, tokens: Iterable[int]) -> None:
         for token in tokens:
@@ -105,12 +122,21 @@ class SuffixAutomaton:
             state, length = self.advance(state, length, token)
         return state, length
 
-    def continuation(self, state: int, max_tokens: int) -> list[int]:
-        """Up to `max_tokens` stream tokens after the first occurrence of `state`'s strings.
+    def continuation(self, state: int, max_tokens: int, recent: bool = False) -> list[int]:
+        """Up to `max_tokens` stream tokens after the first (or, with `recent`, the most recent
+        one that has a continuation) occurrence of `state`'s strings. Stops at a document separator.
 
-        Stops at a document separator.
+        Raises:
+            ValueError: `recent` on an automaton built without `track_recent`.
         """
-        start = self.first_end[state] + 1
+        if recent and not self.track_recent:
+            raise ValueError("continuation(recent=True) needs SuffixAutomaton(track_recent=True)")
+        end = self.first_end[state]
+        if recent:
+            end = self.last_end[state]
+            if end == len(self.tokens) - 1:  # it ends the stream: take the one before
+                end = self.prev_end[state] if self.prev_end[state] >= 0 else end
+        start = end + 1
         out = []
         for token in self.tokens[start:start + max_tokens]:
             if token < 0:

@@ -88,6 +88,9 @@ class GooseConfig:
     spine: str = "context"
     """Where the spine comes from: 'context' (GOOSE: n-grams of the request's own text) or 'pool'
     (the longest suffix match in the request and its tenant's past requests, as `sam` drafts)."""
+    spine_occurrence: str = "first"
+    """spine='pool': copy the spine from the first or the most recent occurrence of the match
+    (`SAMConfig.occurrence`)."""
     harvest_prefill: bool = True
     """Also fill the successor table from every prompt position's top-K, as GOOSE does. It costs the full-vocabulary logits at every prompt position: a 20-50% slower prefill on a CPU (measured: docs/RESULTS.md)."""
 
@@ -279,7 +282,8 @@ class Goose(Drafter):
         self.tables: TenantMap[SuccessorTable] = TenantMap(
             lambda: SuccessorTable(cfg.max_rows, cfg.top_k))
         # spine='pool': a SAM drafter serves the same request ids as the spine's source.
-        self.pool_spine = SAMDrafter(SAMConfig(max_candidates=1)) if cfg.spine == "pool" else None
+        self.pool_spine = SAMDrafter(SAMConfig(max_candidates=1, occurrence=cfg.spine_occurrence)) \
+            if cfg.spine == "pool" else None
 
     def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> GooseState:
         state = super().start_request(request_id, prompt_ids, tenant)

@@ -127,7 +127,8 @@ class EngineDrafter:
     def step(self, batch: list[StepRequest], max_drafts: int) -> list[list[int]]:
         """Observe one engine step and propose the next drafts, one list per request of `batch`."""
         proposals = []
-        min_reach = batch_min_reach(self.config.min_reach, sum(bool(r.committed) for r in batch))
+        min_reach = batch_min_reach(self.config.min_reach, sum(bool(r.committed) for r in batch),
+                                    self.config.max_batch_reach)
         for request in batch:
             if not request.committed:
                 proposals.append([])

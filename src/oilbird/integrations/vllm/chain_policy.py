@@ -24,7 +24,7 @@ from oilbird.tree import DraftTree
 MAX_BATCH_REACH = 0.5
 
 
-def batch_min_reach(min_reach: float, batch_size: int) -> float:
+def batch_min_reach(min_reach: float, batch_size: int, cap: float = MAX_BATCH_REACH) -> float:
     """The reach a draft token needs when `batch_size` requests share the step.
 
     Alone, a request's step costs a whole forward and a draft token adds little to it; in a batch
@@ -32,11 +32,11 @@ def batch_min_reach(min_reach: float, batch_size: int) -> float:
     a forward costing a + b·tokens, a draft token pays when its reach exceeds
     r·B·τ / (1 + r·B·(1 + k)) (r = b/a, τ tokens per step, k drafts per request). With τ/(1+k)
     near 0.5 that is about `min_reach`·B / (1 + `min_reach`·(B − 1)), `min_reach` at B = 1, capped
-    at 0.5 (half of a large batch's drafts would be accepted).
+    at `cap` (0.5 by default: half of a large batch's drafts would be accepted).
     """
     if batch_size <= 1:
         return min_reach
-    return min(MAX_BATCH_REACH, min_reach * batch_size / (1 + min_reach * (batch_size - 1)))
+    return max(min_reach, min(cap, min_reach * batch_size / (1 + min_reach * (batch_size - 1))))
 
 
 class ChainCalibrator(AcceptanceModel):

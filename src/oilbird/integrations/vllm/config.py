@@ -45,6 +45,8 @@ class EngineDrafterConfig:
     request is alone in its step. A draft token costs verification compute whether accepted or
     not: about the cost of one draft token over the cost of a step (0.05 to 0.1 on a CPU, lower
     on a GPU). With B requests in a step it rises to min(0.5, min_reach·B/(1 + min_reach·(B−1)))."""
+    max_batch_reach: float = 0.5
+    """'calibrated': the cap on that batch-raised reach."""
     topk: int = 8
     """Target top-k kept per verified position for drafters that learn from it (GOOSE, TR)."""
     state_dir: str | None = None
@@ -62,6 +64,8 @@ class EngineDrafterConfig:
             raise ConfigError(f"length_policy must be one of {LENGTH_POLICIES}, got {self.length_policy!r}")
         if not 0.0 <= self.min_reach <= 1.0:
             raise ConfigError(f"min_reach must be in [0, 1], got {self.min_reach}")
+        if not 0.0 <= self.max_batch_reach <= 1.0:
+            raise ConfigError(f"max_batch_reach must be in [0, 1], got {self.max_batch_reach}")
         if self.topk < 1:
             raise ConfigError(f"topk must be >= 1, got {self.topk}")
         if self.snapshot_every < 1:

@@ -1,0 +1,155 @@
+"""How many tokens could any lexical drafter accept on a stream? An oracle over the pool's matches.
+
+A chain drafter that reads continuations from past text (prompt lookup, SAM, SuffixDecoding,
+Oilbird's lexical spine) faces two choices per step: which suffix of the text to match, and
+which of its earlier occurrences to copy from. This script replays a workload's greedy outputs
+(a `scripts/vllm_bench.py` record: every method's outputs are the same) as a chain engine would,
+strictly online (the pool holds the earlier requests' prompts and outputs, the context the
+request's own committed text), and drafts with several occurrence choices:
+
+  earliest   the first occurrence of the longest matching suffix (what our SAM reads)
+  recent     the most recent occurrence of it
+  vote       token by token, the continuation most occurrences agree on (SuffixDecoding's
+             frequency rule, over the occurrences of the longest match)
+  oracle     the occurrence (of any matching suffix length) whose continuation agrees longest
+             with the truth: an upper bound for copying from the pool
+
+Each step drafts up to K tokens (no length policy: every draft at full length) and commits the
+agreeing prefix plus one token. Printed per choice: steps, draft tokens, accepted, and tokens per
+step (tau, the first token of each request included as in vLLM's counting).
+
+Usage: .venv/bin/python scripts/lexical_oracle.py --reference out/vllm-bench-stream-seqs1-v4/none.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from oilbird.bench import encode_requests
+from oilbird.datasets import load_dataset
+from oilbird.models import load_model
+from vllm_bench import WORKLOADS
+
+MAX_N = 16  # the longest suffix indexed (and the oracle's 1 + K tokens must fit)
+VOTERS = 256  # 'vote' counts the most recent occurrences only
+CHOICES = ("earliest", "recent", "vote", "oracle")
+
+
+class NgramIndex:
+    """Every position of a growing corpus, keyed by the n tokens before it, n = 1..MAX_N."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.at: dict[tuple, list[int]] = defaultdict(list)  # n-gram -> positions following it
+
+    def extend(self, tokens: list[int]) -> None:
+        for t in tokens:
+            self.tokens.append(t)
+            end = len(self.tokens)
+            for n in range(1, min(MAX_N, end) + 1):
+                gram = tuple(self.tokens[end - n:end])
+                if -1 in gram:
+                    break  # no match crosses a document separator
+                self.at[gram].append(end)
+
+    def matches(self, text: list[int], before: int) -> list[tuple[int, list[int]]]:
+        """(n, positions < before) for every suffix length n of `text` that occurs, longest first."""
+        out = []
+        for n in range(min(MAX_N, len(text)), 0, -1):
+            positions = [p for p in self.at.get(tuple(text[-n:]), ()) if p < before]
+            if positions:
+                out.append((n, positions))
+        return out
+
+
+def agree(a: list[int], b: list[int]) -> int:
+    k = 0
+    while k < len(a) and k < len(b) and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def draft(choice: str, index: NgramIndex, text: list[int], before: int, truth: list[int], k: int) -> list[int]:
+    found = index.matches(text, before)
+    if not found:
+        return []
+    conts = lambda ps: [index.tokens[p:min(p + k, before)] for p in ps]  # noqa: E731
+    n, positions = found[0]
+    if choice == "earliest":
+        return _cut(conts([positions[0]])[0])
+    if choice == "recent":
+        return _cut(conts([positions[-1]])[0])
+    if choice == "vote":
+        options, chain = conts(positions[-VOTERS:]), []
+        while options:
+            top, _ = Counter(o[0] for o in options if o and o[0] != -1).most_common(1)[0] \
+                if any(o and o[0] != -1 for o in options) else (None, 0)
+            if top is None:
+                break
+            chain.append(top)
+            options = [o[1:] for o in options if o and o[0] == top]
+        return chain
+    # Oracle: the longest j such that the last token, then truth[:j], occurred before (any
+    # occurrence of any matching suffix agrees at most this far: each ends with the last token).
+    j = 0
+    while j < min(k, len(truth)):
+        ps = index.at.get(tuple(text[-1:] + truth[:j + 1]), ())
+        if not ps or ps[0] > before:
+            break
+        j += 1
+    return truth[:j]
+
+
+def _cut(chain: list[int]) -> list[int]:
+    return chain[:chain.index(-1)] if -1 in chain else chain
+
+
+def replay(choice: str, prompts: list[list[int]], outputs: list[list[int]], k: int) -> dict:
+    index = NgramIndex()
+    steps = drafted = accepted = 0
+    for prompt, out in zip(prompts, outputs):
+        start = len(index.tokens)
+        index.extend(prompt)
+        i = 1  # the prefill commits the first output token
+        index.extend(out[:1])
+        while i < len(out):
+            truth = out[i:]
+            d = draft(choice, index, index.tokens[start:], len(index.tokens), truth, k)
+            a = agree(d, truth)
+            steps += 1
+            drafted += len(d)
+            accepted += a
+            index.extend(out[i:i + a + 1])
+            i += a + 1
+        index.extend([-1])
+    tokens = sum(len(o) for o in outputs)
+    return dict(choice=choice, steps=steps, draft_tokens=drafted, accepted=accepted,
+                tau=tokens / (steps + len(outputs)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reference", required=True, help="a scripts/vllm_bench.py method record (its outputs)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="stream")
+    p.add_argument("--num-spec", type=int, default=8)
+    p.add_argument("--choices", default=",".join(CHOICES))
+    args = p.parse_args(argv)
+    record = json.loads(Path(args.reference).read_text())
+    outputs = [o["output_ids"] for o in record["outputs"]]
+    per_category, limit = WORKLOADS[args.workload]
+    requests = load_dataset("api-bank", per_category=per_category, limit=limit)[:len(outputs)]
+    prompts = encode_requests(load_model(), requests)
+    print("| choice | steps | draft tokens | accepted | tau |")
+    print("|---|---:|---:|---:|---:|")
+    for choice in args.choices.split(","):
+        r = replay(choice, prompts, outputs, args.num_spec)
+        print(f"| {choice} | {r['steps']} | {r['draft_tokens']} | {r['accepted']} | {r['tau']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
