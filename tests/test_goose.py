@@ -261,3 +261,19 @@ def test_pool_spine_drafts_from_the_tenants_past_requests():
 def test_pool_spine_rejects_unknown_spines():
     with pytest.raises(ValueError, match="spine"):
         GooseConfig(spine="trie")
+
+
+def test_pool_spine_copies_the_latest_occurrence_when_asked():
+    spines = {}
+    for occurrence in ("first", "recent"):
+        goose = make_drafter("goose", GooseConfig(spine="pool", spine_occurrence=occurrence,
+                                                  harvest_prefill=False))
+        for rid, earlier in (("old", [1, 2, 3, 4, 5, 6]), ("older", [1, 2, 3, 7, 8, 9])):
+            goose.start_request(rid, earlier, "t")
+            goose.stop_request(rid)
+        goose.start_request("new", [9, 2, 3], "t")
+        tree = goose.propose("new", 20)
+        spines[occurrence] = [tree.tokens[n] for n in goose.state("new").spine_nodes]
+    assert spines["first"][:3] == [4, 5, 6] and spines["recent"][:3] == [7, 8, 9]
+    with pytest.raises(ValueError, match="occurrence"):
+        make_drafter("goose", GooseConfig(spine="pool", spine_occurrence="middle"))

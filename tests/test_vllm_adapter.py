@@ -99,6 +99,10 @@ def test_additional_config_names_unknown_options():
     assert EngineDrafterConfig.from_additional_config({"oilbird": {"method": "sam"}}).method == "sam"
     with pytest.raises(ConfigError, match="unknown oilbird option"):
         EngineDrafterConfig.from_additional_config({"oilbird": {"methd": "sam"}})
+    for field in ("min_reach", "max_batch_reach"):
+        with pytest.raises(ConfigError, match=field):
+            EngineDrafterConfig.from_additional_config({"oilbird": {field: 1.5}})
+    assert EngineDrafterConfig.from_additional_config({"oilbird": {"max_batch_reach": 0.3}}).max_batch_reach == 0.3
 
 
 def test_the_draft_length_adapts_to_acceptance():
