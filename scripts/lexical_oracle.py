@@ -18,7 +18,8 @@ Each step drafts up to K tokens (no length policy: every draft at full length) a
 agreeing prefix plus one token. Printed per choice: steps, draft tokens, accepted, and tokens per
 step (tau, the first token of each request included as in vLLM's counting).
 
-Usage: .venv/bin/python scripts/lexical_oracle.py --reference out/vllm-bench-stream-seqs1-v4/none.json
+Usage (after a scripts/vllm_bench.py run of the same workload):
+  .venv/bin/python scripts/lexical_oracle.py --reference out/vllm-bench-stream-seqs1-v5/none.json
 """
 
 from __future__ import annotations
@@ -56,14 +57,13 @@ class NgramIndex:
                     break  # no match crosses a document separator
                 self.at[gram].append(end)
 
-    def matches(self, text: list[int], before: int) -> list[tuple[int, list[int]]]:
-        """(n, positions < before) for every suffix length n of `text` that occurs, longest first."""
-        out = []
+    def longest_match(self, text: list[int], before: int) -> list[int]:
+        """Positions < `before` that follow the longest suffix of `text` occurring there ([]: none)."""
         for n in range(min(MAX_N, len(text)), 0, -1):
             positions = [p for p in self.at.get(tuple(text[-n:]), ()) if p < before]
             if positions:
-                out.append((n, positions))
-        return out
+                return positions
+        return []
 
 
 def agree(a: list[int], b: list[int]) -> int:
@@ -74,34 +74,32 @@ def agree(a: list[int], b: list[int]) -> int:
 
 
 def draft(choice: str, index: NgramIndex, text: list[int], before: int, truth: list[int], k: int) -> list[int]:
-    found = index.matches(text, before)
-    if not found:
-        return []
-    conts = lambda ps: [index.tokens[p:min(p + k, before)] for p in ps]  # noqa: E731
-    n, positions = found[0]
-    if choice == "earliest":
-        return _cut(conts([positions[0]])[0])
-    if choice == "recent":
-        return _cut(conts([positions[-1]])[0])
-    if choice == "vote":
-        options, chain = conts(positions[-VOTERS:]), []
-        while options:
-            top, _ = Counter(o[0] for o in options if o and o[0] != -1).most_common(1)[0] \
-                if any(o and o[0] != -1 for o in options) else (None, 0)
-            if top is None:
+    if choice == "oracle":
+        # The longest j such that the last token, then truth[:j], occurred before: any occurrence
+        # of any matching suffix agrees at most this far (each one ends with the last token).
+        j = 0
+        while j < min(k, len(truth)):
+            ps = index.at.get(tuple(text[-1:] + truth[:j + 1]), ())
+            if not ps or ps[0] > before:
                 break
-            chain.append(top)
-            options = [o[1:] for o in options if o and o[0] == top]
-        return chain
-    # Oracle: the longest j such that the last token, then truth[:j], occurred before (any
-    # occurrence of any matching suffix agrees at most this far: each ends with the last token).
-    j = 0
-    while j < min(k, len(truth)):
-        ps = index.at.get(tuple(text[-1:] + truth[:j + 1]), ())
-        if not ps or ps[0] > before:
+            j += 1
+        return truth[:j]
+    positions = index.longest_match(text, before)
+    if not positions:
+        return []
+    if choice in ("earliest", "recent"):
+        p = positions[0] if choice == "earliest" else positions[-1]
+        return _cut(index.tokens[p:min(p + k, before)])
+    # vote: token by token, the next token most of the (latest VOTERS) occurrences agree on.
+    starts, chain = positions[-VOTERS:], []
+    while len(chain) < k:
+        nexts = Counter(index.tokens[p] for p in starts if p < before and index.tokens[p] != -1)
+        if not nexts:
             break
-        j += 1
-    return truth[:j]
+        top = nexts.most_common(1)[0][0]
+        chain.append(top)
+        starts = [p + 1 for p in starts if p < before and index.tokens[p] == top]
+    return chain
 
 
 def _cut(chain: list[int]) -> list[int]:
@@ -138,6 +136,9 @@ def main(argv=None) -> int:
     p.add_argument("--num-spec", type=int, default=8)
     p.add_argument("--choices", default=",".join(CHOICES))
     args = p.parse_args(argv)
+    if not Path(args.reference).is_file():
+        raise SystemExit(f"lexical_oracle: no record at {args.reference}; run scripts/vllm_bench.py "
+                         "first (any method's <method>.json holds the greedy outputs)")
     record = json.loads(Path(args.reference).read_text())
     outputs = [o["output_ids"] for o in record["outputs"]]
     per_category, limit = WORKLOADS[args.workload]

@@ -58,8 +58,9 @@ class SuffixAutomaton:
         self.link.append(link)
         self.length.append(length)
         self.first_end.append(first_end)
-        self.last_end.append(first_end if last_end is None else last_end)
-        self.prev_end.append(-1)
+        if self.track_recent:  # untracked automata keep only [-1] for the root
+            self.last_end.append(first_end if last_end is None else last_end)
+            self.prev_end.append(-1)
         return len(self.length) - 1
 
     def extend(self, token: int) -> None:
@@ -79,7 +80,7 @@ class SuffixAutomaton:
                 self.link[cur] = q
             else:  # split q: the clone keeps the shorter strings, with q's first occurrence
                 clone = self._new_state(self.length[p] + 1, self.first_end[q], self.link[q],
-                                        dict(self.next[q]), self.last_end[q])
+                                        dict(self.next[q]), self.last_end[q] if self.track_recent else None)
                 while p != -1 and self.next[p].get(token) == q:
                     self.next[p][token] = clone
                     p = self.link[p]

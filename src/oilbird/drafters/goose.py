@@ -99,6 +99,8 @@ class GooseConfig:
             raise ValueError("top_k, node_budget, max_chain and max_rows must be >= 1")
         if self.spine not in ("context", "pool"):
             raise ValueError(f"spine must be 'context' or 'pool', got {self.spine!r}")
+        if self.spine_occurrence not in ("first", "recent"):
+            raise ValueError(f"spine_occurrence must be 'first' or 'recent', got {self.spine_occurrence!r}")
         if not self.ngrams():
             raise ValueError(f"ngram_sizes must list positive sizes, got {self.ngram_sizes!r}")
 
