@@ -101,3 +101,42 @@ def test_a_batch_asks_more_of_a_draft_token():
     assert alone == [8, 5, 6, 7]
     batch = engine.step([step("b", [7]), step("c", [7])], max_drafts=4)  # needs 0.46 each
     assert batch == [[8, 5, 6], [8, 5, 6]]
+
+
+def test_a_context_keeps_its_own_record_shrunk_towards_the_common_one():
+    cal = ChainCalibrator(prior=0.5, prior_weight=2.0, context_weight=8.0)
+    tree = two_branches()
+    key = node_key(tree, 2)
+    assert cal.p_accept(key, "miss") == cal.p_accept(key) == 0.5  # nothing seen: the prior
+    for _ in range(6):
+        cal.update(tree.subtree([2, 3, 4]), accepted=3, context="full")
+        cal.update(tree.subtree([2, 3, 4]), accepted=0, context="miss")
+    common = cal.p_accept(key)
+    assert common == (6 + 1.0) / (12 + 2.0)  # every trial counts in the common record
+    assert cal.p_accept(key, "full") == (6 + common * 8) / (6 + 8)
+    assert cal.p_accept(key, "miss") == (0 + common * 8) / (6 + 8)
+    assert cal.p_accept(key, "idle") == common  # an unseen context borrows the common record
+    assert cal.choose(tree, 8, 0.3, "full") == [2, 3, 4] and cal.choose(tree, 8, 0.3, "miss") == []
+
+
+def test_chain_outcomes():
+    from oilbird.integrations.vllm.chain_policy import chain_outcome
+
+    assert [chain_outcome(0, 0), chain_outcome(3, 0), chain_outcome(3, 2), chain_outcome(3, 3)] == \
+        ["idle", "miss", "part", "full"]
+
+
+def test_the_adapter_calibrates_each_chain_in_the_context_it_was_proposed_in():
+    engine = EngineDrafter.build(EngineDrafterConfig(method="pld", min_reach=0.0))
+    (first,) = engine.step([step("a", [7])], max_drafts=4)
+    assert first == [8, 5, 6, 7] and engine.contexts["a"] == "start"
+    (second,) = engine.step([step("a", [8, 5, 0], drafts=first)], max_drafts=4)
+    cal = engine.calibrators["t"]
+    assert {c for c, _ in cal.context_counts} == {"start"}  # the context the chain was proposed in
+    assert engine.contexts["a"] == "part"
+    engine.finish("a")
+    assert "a" not in engine.contexts
+    plain = EngineDrafter.build(EngineDrafterConfig(method="pld", min_reach=0.0, calibration_context="none"))
+    (first,) = plain.step([step("b", [7])], max_drafts=4)
+    plain.step([step("b", [8, 5, 0], drafts=first)], max_drafts=4)
+    assert not plain.calibrators["t"].context_counts and not plain.contexts

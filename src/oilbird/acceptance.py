@@ -10,6 +10,11 @@ subtree worth its forward's cost (oilbird/tree_select.py).
 Estimates start from an optimistic prior, so that a source is tried before its record can
 condemn it. Keep one model per tenant: traffic differs between tenants, and nothing one tenant's
 requests reveal should steer another's drafts.
+
+A caller may also name the request's *context*, e.g. how its previous verification went: a
+request that is copying a past answer keeps copying, one writing new text keeps missing. Each
+context keeps counts of its own, shrunk towards the context-free estimate of the same key until
+it has seen `context_weight` trials, so a rare context borrows the common record.
 """
 
 from __future__ import annotations
@@ -39,24 +44,40 @@ class AcceptanceModel:
     can condemn it."""
     prior_weight: float = 2.0
     """How many observations the prior counts as."""
+    context_weight: float = 8.0
+    """How many trials a context's own counts need to weigh as much as the context-free estimate
+    they are shrunk towards."""
     counts: dict[tuple[str, int, int], list[int]] = field(default_factory=dict)
     """key -> [times verified with its parent accepted, times accepted]."""
+    context_counts: dict[tuple[str, tuple[str, int, int]], list[int]] = field(default_factory=dict)
+    """(context, key) -> the same counts, for trials made in that context."""
 
-    def p_accept(self, key: tuple[str, int, int]) -> float:
-        """P(accepted | parent accepted) for a node of this key."""
+    def p_accept(self, key: tuple[str, int, int], context: str = "") -> float:
+        """P(accepted | parent accepted) for a node of this key, in this context ('' for none)."""
         tried, accepted = self.counts.get(key, (0, 0))
-        return (accepted + self.prior * self.prior_weight) / (tried + self.prior_weight)
+        estimate = (accepted + self.prior * self.prior_weight) / (tried + self.prior_weight)
+        if not context:
+            return estimate
+        tried, accepted = self.context_counts.get((context, key), (0, 0))
+        return (accepted + estimate * self.context_weight) / (tried + self.context_weight)
 
-    def node_probs(self, tree: DraftTree) -> list[float]:
+    def node_probs(self, tree: DraftTree, context: str = "") -> list[float]:
         """P(accepted | parent accepted) for every node; 1 for the root."""
-        return [1.0] + [self.p_accept(node_key(tree, n)) for n in range(1, len(tree))]
+        return [1.0] + [self.p_accept(node_key(tree, n), context) for n in range(1, len(tree))]
 
-    def update_tree(self, tree: DraftTree, path: list[int]) -> None:
+    def update_tree(self, tree: DraftTree, path: list[int], context: str = "") -> None:
         """A verified tree and its accepted path: every node whose parent was accepted (or is the
         root) was tried; those on the path were accepted."""
         reached = {0, *path}
         for node in range(1, len(tree)):
             if tree.parents[node] in reached:
-                entry = self.counts.setdefault(node_key(tree, node), [0, 0])
-                entry[0] += 1
-                entry[1] += node in reached
+                key, hit = node_key(tree, node), node in reached
+                _count(self.counts, key, hit)
+                if context:
+                    _count(self.context_counts, (context, key), hit)
+
+
+def _count(table: dict, key, hit: bool) -> None:
+    entry = table.setdefault(key, [0, 0])
+    entry[0] += 1
+    entry[1] += hit

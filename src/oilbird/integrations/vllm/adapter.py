@@ -26,7 +26,7 @@ import torch
 from oilbird.drafters.base import Drafter
 from oilbird.drafters.registry import drafter_class
 from oilbird.errors import ConfigError
-from oilbird.integrations.vllm.chain_policy import ChainCalibrator, batch_min_reach
+from oilbird.integrations.vllm.chain_policy import ChainCalibrator, batch_min_reach, chain_outcome
 from oilbird.integrations.vllm.config import EngineDrafterConfig
 from oilbird.tree import DraftTree
 from oilbird.verifier import Verification
@@ -105,6 +105,9 @@ class EngineDrafter:
     """tenant -> its acceptance estimates (length_policy 'calibrated')."""
     prompt_lens: dict[str, int] = field(default_factory=dict)
     """request id -> its prompt's length, for every request in flight."""
+    contexts: dict[str, str] = field(default_factory=dict)
+    """request id -> how its last verified chain went (`chain_outcome`), the context its next
+    chain is calibrated in (calibration_context 'outcome')."""
 
     @classmethod
     def build(cls, config: EngineDrafterConfig) -> "EngineDrafter":
@@ -142,6 +145,7 @@ class EngineDrafter:
         """Stop a request (it joins its tenant's pools); None if it never committed a token."""
         self.proposed.pop(request_id, None)
         self.lengths.pop(request_id, None)
+        self.contexts.pop(request_id, None)
         prompt_len = self.prompt_lens.pop(request_id, 0)
         state = self.drafter.stop_request(request_id)
         if state is None:
@@ -165,7 +169,10 @@ class EngineDrafter:
             raise ConfigError(f"request {rid!r}: committed {request.committed} does not extend "
                               f"the verified drafts {drafts}; the engine's step is inconsistent")
         if self.config.length_policy == "calibrated" and drafts and "engine" not in tree.sources[1]:
-            self._calibrator(request.tenant).update(tree, accepted)  # our chain, as verified
+            # our chain, as verified, in the context it was proposed in
+            self._calibrator(request.tenant).update(tree, accepted, self._context(rid))
+        if self.config.calibration_context == "outcome":  # a new request's first chain: 'start'
+            self.contexts[rid] = chain_outcome(len(drafts), accepted) if rid in self.contexts else "start"
         committed = self._kept(request)
         if committed:  # else the request is over (max_tokens reached): nothing to harvest
             drafter.observe(rid, self._verification(request, tree, committed, min(accepted, len(committed))))
@@ -237,13 +244,18 @@ class EngineDrafter:
         tree = self.drafter.propose(request_id, self.config.node_budget).truncated(self.config.node_budget)
         if self.config.length_policy == "calibrated":
             tenant = self.drafter.requests[request_id].tenant
-            path = self._calibrator(tenant).choose(tree, max_drafts, min_reach)
+            path = self._calibrator(tenant).choose(tree, max_drafts, min_reach, self._context(request_id))
         else:
             path = tree.best_path(max_drafts)
         self.drafter.restrict_proposal(request_id, path)
         chain = tree.subtree(path)
         self.proposed[request_id] = chain
         return chain.tokens[1:]
+
+    def _context(self, request_id: str) -> str:
+        if self.config.calibration_context == "none":
+            return ""
+        return self.contexts.get(request_id, "start")
 
     def _calibrator(self, tenant: str) -> ChainCalibrator:
         return self.calibrators.setdefault(tenant, ChainCalibrator())

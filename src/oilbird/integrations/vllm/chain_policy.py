@@ -39,23 +39,34 @@ def batch_min_reach(min_reach: float, batch_size: int, cap: float = MAX_BATCH_RE
     return max(min_reach, min(cap, min_reach * batch_size / (1 + min_reach * (batch_size - 1))))
 
 
+def chain_outcome(drafted: int, accepted: int) -> str:
+    """How a verified chain went, as a calibration context: 'idle' (nothing drafted), 'miss'
+    (its first draft rejected), 'part' or 'full' (every draft accepted)."""
+    if not drafted:
+        return "idle"
+    if accepted >= drafted:
+        return "full"
+    return "part" if accepted else "miss"
+
+
 class ChainCalibrator(AcceptanceModel):
     """`AcceptanceModel` for engines that verify one chain per step."""
 
-    def update(self, chain: DraftTree, accepted: int) -> None:
-        """A verified chain whose first `accepted` drafts were accepted."""
-        self.update_tree(chain, list(range(1, accepted + 1)))
+    def update(self, chain: DraftTree, accepted: int, context: str = "") -> None:
+        """A verified chain whose first `accepted` drafts were accepted, proposed in `context`."""
+        self.update_tree(chain, list(range(1, accepted + 1)), context)
 
-    def choose(self, tree: DraftTree, max_len: int, min_reach: float) -> list[int]:
+    def choose(self, tree: DraftTree, max_len: int, min_reach: float, context: str = "") -> list[int]:
         """The chain to verify: from the root, the child whose subtree promises the most accepted
         tokens (its estimate times one plus its best child's promise, the earliest built on a
         tie), while the probability of reaching the next node stays at least `min_reach`.
+        `context` names the request's situation (`AcceptanceModel`), '' for none.
 
         Returns:
             The path's node indices, root excluded, at most `max_len`.
         """
         n_nodes = len(tree)
-        p = self.node_probs(tree)
+        p = self.node_probs(tree, context)
         best_child = [0.0] * n_nodes  # the best promise among a node's children
         for n in range(n_nodes - 1, 0, -1):  # children come after their parents
             parent = tree.parents[n]

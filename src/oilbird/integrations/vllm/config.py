@@ -19,6 +19,7 @@ from oilbird.errors import ConfigError
 ADDITIONAL_CONFIG_KEY = "oilbird"
 TENANT_ARG = "oilbird_tenant"
 LENGTH_POLICIES = ("calibrated", "adaptive", "fixed")
+CALIBRATION_CONTEXTS = ("outcome", "none")
 """The key of `SamplingParams.extra_args` (OpenAI body: `vllm_xargs`) naming a request's tenant."""
 
 
@@ -47,6 +48,10 @@ class EngineDrafterConfig:
     on a GPU). With B requests in a step it rises to min(0.5, min_reach·B/(1 + min_reach·(B−1)))."""
     max_batch_reach: float = 0.5
     """'calibrated': the cap on that batch-raised reach."""
+    calibration_context: str = "outcome"
+    """'calibrated': what else the acceptance estimates are kept by: 'outcome', how the request's
+    previous chain went (none proposed, none accepted, some, all; a request copying a past answer
+    keeps copying), or 'none' (source, depth and score only)."""
     topk: int = 8
     """Target top-k kept per verified position for drafters that learn from it (GOOSE, TR)."""
     state_dir: str | None = None
@@ -64,6 +69,9 @@ class EngineDrafterConfig:
             raise ConfigError(f"length_policy must be one of {LENGTH_POLICIES}, got {self.length_policy!r}")
         if not 0.0 <= self.min_reach <= 1.0:
             raise ConfigError(f"min_reach must be in [0, 1], got {self.min_reach}")
+        if self.calibration_context not in CALIBRATION_CONTEXTS:
+            raise ConfigError(f"calibration_context must be one of {CALIBRATION_CONTEXTS}, "
+                              f"got {self.calibration_context!r}")
         if not 0.0 <= self.max_batch_reach <= 1.0:
             raise ConfigError(f"max_batch_reach must be in [0, 1], got {self.max_batch_reach}")
         if self.topk < 1:
