@@ -3,13 +3,15 @@
 Two tables, both measured in this one process, side by side:
 
 1. GEMM alone: milliseconds of each linear shape of the model for 1..64 rows, with PyTorch's
-   default (`F.linear`, MKL on x86) and with oneDNN on pre-packed weights (`PackedLinear`).
+   default (`F.linear`, MKL on x86), with oneDNN on pre-packed weights (`PackedLinear`) and with
+   our skinny AVX-512 kernel (`SkinnyLinear`, where it builds).
    Each timing cycles through `--copies` distinct weight matrices, so the weights come from
    memory as in a real forward instead of staying in the cache.
 2. The verifier's forward (`TreeVerifier.verify`, the call decoding makes) over a chain of N
-   nodes on a cache of `--prefix` tokens, for each kernel set: PyTorch's (`default/sdpa`), tree
-   attention alone, oneDNN alone, and both (the default). Ratios are against the one-node forward
-   of the same row, i.e. the autoregressive step decoding pays.
+   nodes on a cache of `--prefix` tokens, for each kernel set: PyTorch's (`default/sdpa`), oneDNN
+   with tree attention (the default before the skinny kernel) and the skinny kernel with tree
+   attention (the default where it builds). Ratios are against the one-node forward of the same
+   row, i.e. the autoregressive step decoding pays.
 
 Usage:
   .venv/bin/python scripts/forward_cost.py --threads 2                       # SmolLM2, cache 512
@@ -27,14 +29,14 @@ import torch
 
 from oilbird.budget import measure_cost_curve
 from oilbird.kernels import ForwardConfig, PackedLinear, describe_kernels
+from oilbird.skinny_gemm import SkinnyLinear, skinny_available
 from oilbird.models import load_model
 from oilbird.verifier import TreeVerifier
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 KERNELS = {"default/sdpa": ForwardConfig(gemm="default", attention="sdpa"),
-           "default/tree": ForwardConfig(gemm="default", attention="tree"),
-           "onednn/sdpa": ForwardConfig(gemm="onednn", attention="sdpa"),
-           "onednn/tree": ForwardConfig(gemm="onednn", attention="tree")}
+           "onednn/tree": ForwardConfig(gemm="onednn", attention="tree"),
+           "skinny/tree": ForwardConfig(gemm="skinny", attention="tree")}
 
 
 def fastest(fn, repeats: int) -> float:
@@ -50,18 +52,21 @@ def fastest(fn, repeats: int) -> float:
 
 @torch.inference_mode()
 def gemm_table(model, copies: int, repeats: int) -> dict:
-    """ms per linear shape and row count, default vs oneDNN-packed."""
+    """ms per linear shape and row count: default, oneDNN-packed and skinny (None where it cannot build)."""
     shapes = sorted({(m.in_features, m.out_features) for m in model.modules()
                      if isinstance(m, torch.nn.Linear)}, key=lambda s: -s[0] * s[1])
     table = {}
     for inp, out in shapes:
         linears = [torch.nn.Linear(inp, out, bias=False) for _ in range(copies)]
         packed = [PackedLinear(lin) for lin in linears]
+        skinny = [SkinnyLinear(lin) for lin in linears] if skinny_available()[0] else None
         for rows in ROWS:
             x = torch.randn(rows, inp)
             default = fastest(lambda: [lin(x) for lin in linears], repeats) / copies
             onednn = fastest(lambda: [p(x) for p in packed], repeats) / copies
-            table[f"{inp}->{out}|{rows}"] = dict(default_ms=1e3 * default, onednn_ms=1e3 * onednn)
+            ours = fastest(lambda: [s(x) for s in skinny], repeats) / copies if skinny else None
+            table[f"{inp}->{out}|{rows}"] = dict(default_ms=1e3 * default, onednn_ms=1e3 * onednn,
+                                                 skinny_ms=None if ours is None else 1e3 * ours)
     return table
 
 
@@ -86,18 +91,24 @@ def main() -> None:
     record = dict(model=args.model, prefix=args.prefix, threads=args.threads, torch=torch.__version__)
     if not args.skip_gemm:
         record["gemm"] = gemm_table(loaded.model, args.copies, args.repeats)
-        print(f"GEMM ms per call, {args.threads} threads (default = PyTorch's F.linear; oneDNN = packed weights)\n")
+        print(f"GEMM ms per call, {args.threads} threads: default (PyTorch's F.linear) / oneDNN (packed "
+              "weights) / skinny (ours)\n")
         print("| shape (in->out) | " + " | ".join(f"{r} rows" for r in ROWS) + " |")
         print("| --- |" + " ---: |" * len(ROWS))
         for shape in dict.fromkeys(k.split("|")[0] for k in record["gemm"]):
             cells = [record["gemm"][f"{shape}|{r}"] for r in ROWS]
-            print(f"| {shape} | " + " | ".join(f"{c['default_ms']:.3f} / {c['onednn_ms']:.3f}" for c in cells) + " |")
+            print(f"| {shape} | " + " | ".join(
+                f"{c['default_ms']:.3f} / {c['onednn_ms']:.3f} / " + ("–" if c["skinny_ms"] is None else f"{c['skinny_ms']:.3f}")
+                for c in cells) + " |")
     print(f"\nverification forward, ms (x the 1-node forward of the same kernels), cache {args.prefix}, "
           f"{args.threads} threads, {args.model}\n")
     print("| kernels | " + " | ".join(f"N={n}" for n in ROWS) + " |")
     print("| --- |" + " ---: |" * len(ROWS))
     record["forward"] = {}
     for name, config in KERNELS.items():
+        if config.gemm == "skinny" and not skinny_available()[0]:
+            print(f"| {name} | unavailable: {skinny_available()[1]} |")
+            continue
         model = loaded.tree_model(config)
         assert describe_kernels(model).split("/")[0] == name.split("/")[0]
         curve = forward_curve(loaded, model, args.prefix, args.repeats)

@@ -1,14 +1,47 @@
-"""The verifier's fast copy of a model: shared weights, oneDNN GEMM, tree attention; the
-caller's model untouched; bad kernel choices refused with a clear message."""
+"""The verifier's fast copy of a model: shared weights, the skinny (or oneDNN) GEMM, tree
+attention; the caller's model untouched; bad kernel choices refused with a clear message."""
 
 import pytest
 import torch
 
 from oilbird.kernels import (ForwardConfig, PackedLinear, describe_kernels, onednn_available,
                              resolve_gemm, tree_model)
+from oilbird.skinny_gemm import SkinnyLinear, skinny_available
 from oilbird.tree_attention import TREE_ATTENTION
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+SKINNY = skinny_available()[0]
+FAST = "skinny" if SKINNY else "onednn"  # what 'auto' picks on a CPU in float32
+FAST_LINEAR = SkinnyLinear if SKINNY else PackedLinear
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny GEMM cannot run here: {skinny_available()[1]}")
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 12, 13, 16, 25, 64, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear_computes_the_linear(rows, bias):
+    # 300 outputs: not a multiple of 16 (padded); 13+ rows: the tiled path, with a partial tile
+    g = torch.Generator().manual_seed(rows)
+    linear = torch.nn.Linear(96, 300, bias=bias)
+    x = torch.randn(1, rows, 96, generator=g)
+    with torch.inference_mode():
+        ours, ref = SkinnyLinear(linear)(x), linear(x)
+    assert ours.shape == ref.shape == (1, rows, 300)
+    assert torch.allclose(ours, ref, atol=1e-5, rtol=1e-4)
+    with torch.inference_mode():  # a non-contiguous input is read right
+        wide = torch.randn(rows, 192, generator=g)[:, ::2]
+        assert torch.allclose(SkinnyLinear(linear)(wide), linear(wide), atol=1e-5, rtol=1e-4)
+
+
+def test_skinny_linear_refuses_what_it_cannot_run():
+    if not SKINNY:
+        with pytest.raises(ValueError, match="unavailable"):
+            SkinnyLinear(torch.nn.Linear(16, 16))
+        return
+    with pytest.raises(ValueError, match="float32 only"):
+        SkinnyLinear(torch.nn.Linear(16, 16).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="bfloat16 on cpu"):
+        resolve_gemm(ForwardConfig(gemm="skinny"), torch.device("cpu"), torch.bfloat16)
+    assert resolve_gemm(ForwardConfig(gemm="auto"), torch.device("cpu"), torch.bfloat16) == "onednn"
 
 
 @needs_onednn
@@ -27,9 +60,9 @@ def test_packed_linear_computes_the_linear(rows):
 def test_tree_model_shares_weights_and_leaves_the_model_alone(smol):
     fast = smol.tree_model()
     assert fast is smol.tree_model()  # built once per config
-    assert describe_kernels(fast) == f"onednn/{TREE_ATTENTION}"
+    assert describe_kernels(fast) == f"{FAST}/{TREE_ATTENTION}"
     assert describe_kernels(smol.model) == "default/sdpa"  # the audit's reference is untouched
-    assert type(smol.model.lm_head) is torch.nn.Linear and isinstance(fast.lm_head, PackedLinear)
+    assert type(smol.model.lm_head) is torch.nn.Linear and isinstance(fast.lm_head, FAST_LINEAR)
     ours = dict(fast.named_parameters())
     for name, param in smol.model.named_parameters():
         assert ours[name].data_ptr() == param.data_ptr(), name  # no second copy of the weights

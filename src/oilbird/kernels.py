@@ -7,20 +7,24 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
   a general GEMM path for 2-64 rows that costs 2-6x as much, on the LM head above all (on AMD
   CPUs MKL does not pick its tuned kernels). oneDNN with weights pre-packed into its blocked
   layout (`PackedLinear`, the layout `torch.compile`'s CPU freezing also uses) is flat from 1 to 4
-  rows and ~1.5x at 8, and faster than MKL even at one row. Measured in `scripts/gemm_probe.py`
-  (docs/ENGINE.md); `gemm='default'` keeps PyTorch's linear.
+  rows and ~1.5x at 8, and faster than MKL even at one row; but its time at 8 rows is still about
+  the weights' load time plus the arithmetic. Our skinny kernel (`SkinnyLinear`,
+  oilbird/skinny_gemm.py; AVX-512, float32) streams each weight once with the few rows' FMAs
+  hidden under the loads: 8 rows cost ~1.1x one row, and one row is faster than oneDNN's. The
+  default where it builds; oneDNN where it cannot. Measured in `scripts/forward_cost.py`
+  (docs/RESULTS.md); `gemm='default'` keeps PyTorch's linear.
 - **Attention.** transformers copies the cache per query group whenever a mask is given;
   `oilbird.tree_attention` attends over it in place.
 
 `tree_model(model, config)` returns a *copy* of the model's module tree that shares every weight
 tensor with the original (no second copy of the weights; packed GEMM weights are the only new
-memory) and has its `nn.Linear` layers swapped for `PackedLinear` and its attention set to
+memory) and has its `nn.Linear` layers swapped for `SkinnyLinear` (or `PackedLinear`) and its attention set to
 `TREE_ATTENTION`. The caller's model is left untouched: the losslessness audit runs
 transformers' `generate()` on it, an independent reference with PyTorch's default kernels.
 Swapping layers on our own copy is how quantisation backends plug into transformers; no
 modeling file or class is changed.
 
-Exactness: oneDNN sums in a different order than MKL, so logits differ in the last bits; a
+Exactness: our kernel and oneDNN sum in a different order than MKL, so logits differ in the last bits; a
 near-tie argmax can flip. The audit reports every divergence with its logit margin
 (docs/RESULTS.md counts them).
 """
@@ -32,9 +36,10 @@ from dataclasses import dataclass
 
 import torch
 
+from oilbird.skinny_gemm import SkinnyLinear, skinny_available
 from oilbird.tree_attention import TREE_ATTENTION
 
-GEMMS = ("auto", "onednn", "default")
+GEMMS = ("auto", "skinny", "onednn", "default")
 ATTENTIONS = ("tree", "sdpa")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,7 +53,7 @@ class ForwardConfig:
     dtype: str = "float32"
     """Weight and activation dtype: float32 (the reference precision on the CPU), bfloat16 or float16."""
     gemm: str = "auto"
-    """Linear layers: 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (oneDNN on a CPU that has it, else default)."""
+    """Linear layers: 'skinny' (our AVX-512 kernel for few rows, oilbird/skinny_gemm.py; CPU, float32), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
     attention: str = "tree"
     """'tree': grouped-query attention over the cache in place (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask."""
 
@@ -75,18 +80,31 @@ def onednn_available() -> bool:
 
 
 def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype) -> str:
-    """The GEMM a model on `device` in `dtype` gets: 'onednn' or 'default'.
+    """The GEMM a model on `device` in `dtype` gets: 'skinny', 'onednn' or 'default'.
+
+    'auto' takes the fastest that runs here, by the measurement in docs/RESULTS.md: the skinny
+    kernel (a CPU with AVX-512, float32, a compiler), else oneDNN (a CPU, float32 or bfloat16),
+    else PyTorch's.
 
     Raises:
-        ValueError: if 'onednn' is asked for where it cannot run.
+        ValueError: if 'skinny' or 'onednn' is asked for where it cannot run, saying why.
     """
-    fits = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_available()
-    if config.gemm == "onednn" and not fits:
+    onednn = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_available()
+    if config.gemm == "onednn" and not onednn:
         raise ValueError(f"gemm='onednn' needs a CPU model in float32 or bfloat16 and a PyTorch "
                          f"build with oneDNN; this model is {dtype} on {device.type}. "
                          "Use gemm='default' (or 'auto').")
+    if config.gemm in ("skinny", "auto") and device.type == "cpu" and dtype == torch.float32:
+        ok, why = skinny_available()
+        if ok:
+            return "skinny"
+        if config.gemm == "skinny":
+            raise ValueError(f"gemm='skinny' cannot run here: {why}. Use gemm='onednn' (or 'auto').")
+    elif config.gemm == "skinny":
+        raise ValueError(f"gemm='skinny' needs a CPU model in float32; this model is {dtype} on "
+                         f"{device.type}. Use gemm='auto'.")
     if config.gemm == "auto":
-        return "onednn" if fits else "default"
+        return "onednn" if onednn else "default"
     return config.gemm
 
 
@@ -117,9 +135,10 @@ class PackedLinear(torch.nn.Module):
 
 
 def describe_kernels(model: torch.nn.Module) -> str:
-    """'<gemm>/<attention>' of a model, e.g. 'onednn/oilbird_tree' (for cost-curve keys and records)."""
-    packed = any(isinstance(m, PackedLinear) for m in model.modules())
-    return f"{'onednn' if packed else 'default'}/{model.config._attn_implementation}"
+    """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' (for cost-curve keys and records)."""
+    kinds = {type(m) for m in model.modules()}
+    gemm = "skinny" if SkinnyLinear in kinds else "onednn" if PackedLinear in kinds else "default"
+    return f"{gemm}/{model.config._attn_implementation}"
 
 
 def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> torch.nn.Module:
@@ -131,7 +150,8 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> t
 
     Returns:
         The model itself when `config` changes nothing; otherwise a copy of its module tree
-        (weights shared, `nn.Linear` -> `PackedLinear` where the GEMM is oneDNN, attention
+        (weights shared, `nn.Linear` -> `SkinnyLinear` or `PackedLinear` where the GEMM is
+        skinny or oneDNN, attention
         `TREE_ATTENTION` where asked).
 
     Raises:
@@ -145,10 +165,11 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> t
     # Every parameter and buffer maps to itself: the copy shares all tensors with `model`.
     memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
     fast = copy.deepcopy(model, memo)
-    if gemm == "onednn":
+    layer = {"skinny": SkinnyLinear, "onednn": PackedLinear}.get(gemm)
+    if layer is not None:
         for name, module in list(fast.named_modules()):
             if type(module) is torch.nn.Linear:
-                fast.set_submodule(name, PackedLinear(module))
+                fast.set_submodule(name, layer(module))
     if config.attention == "tree":
         fast.set_attn_implementation(TREE_ATTENTION)
     return fast.eval()

@@ -1,0 +1,115 @@
+"""A skinny fp32 GEMM for few-row forwards on AVX-512 CPUs, compiled on first use.
+
+A verification forward multiplies 1 to 64 rows (tree nodes) by every weight matrix of the model.
+At such row counts the cost is reading the weights, and oneDNN's kernels on this project's CPU pay
+the reads and the arithmetic one after the other: 8 rows cost 1.4x one row. The kernel in
+`csrc/skinny_gemm.cpp` streams each weight once and hides the few rows' FMAs under the loads:
+8 rows cost about 1.1x one row, and one row is itself faster than oneDNN's (the measurement:
+`scripts/forward_cost.py`, docs/RESULTS.md).
+
+The kernel is C++ with AVX-512 intrinsics, built by `torch.utils.cpp_extension` the first time a
+process asks for it (about 20 s; cached in the oilbird cache directory, keyed by the source, the
+PyTorch version and the compiler flags). It needs a CPU with AVX-512, a C++ compiler and ninja
+(the `ninja` package is a dependency); where any is missing `skinny_available()` says why and the
+verifier uses oneDNN instead (`oilbird.kernels.resolve_gemm`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "skinny_gemm.cpp"
+FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]
+
+
+@contextmanager
+def _ninja_on_path():
+    """Put the `ninja` package's binary on PATH for the build, when none is installed system-wide."""
+    if shutil.which("ninja"):
+        yield
+        return
+    import ninja  # the pip package; a dependency of oilbird
+
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + old
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+@lru_cache(maxsize=1)
+def _load():
+    """(the compiled module, None) or (None, why it is unavailable); built once per process."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AMX"):
+        return None, f"the CPU lacks AVX-512 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})"
+    from torch.utils.cpp_extension import load
+
+    from oilbird.model_fetch import default_cache_dir
+
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    build = default_cache_dir() / "kernels" / f"skinny_gemm-{key}"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        with _ninja_on_path():
+            module = load(name=f"oilbird_skinny_gemm_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+                          extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+    except Exception as err:  # no compiler, no ninja, a failed build: oneDNN serves instead
+        return None, f"building {SOURCE.name} failed ({type(err).__name__}: {str(err).strip()[-300:]})"
+    return module, None
+
+
+def skinny_available() -> tuple[bool, str]:
+    """(True, '') when the kernel runs here (building it on the first call), else (False, why)."""
+    module, why = _load()
+    return module is not None, why or ""
+
+
+class SkinnyLinear(torch.nn.Module):
+    """`nn.Linear` in float32 computed by the skinny kernel from weights packed once.
+
+    Args:
+        linear: the layer to pack (float32 on the CPU); its weight and bias tensors are shared, not
+            copied, and the packed copy is the only new memory.
+
+    Raises:
+        ValueError: if the kernel is unavailable here or the layer is not float32.
+    """
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        module, why = _load()
+        if module is None:
+            raise ValueError(f"the skinny GEMM is unavailable: {why}")
+        if linear.weight.dtype != torch.float32:
+            raise ValueError(f"the skinny GEMM runs float32 only, not {linear.weight.dtype}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # kept for code that reads it (e.g. tied embeddings)
+        self.bias = linear.bias
+        padded = -self.out_features % 16  # the kernel works in blocks of 16 outputs
+        with torch.no_grad():
+            weight = linear.weight.detach()  # [out, in]
+            bias = None if linear.bias is None else linear.bias.detach()  # [out]
+            if padded:
+                weight = torch.cat([weight, weight.new_zeros(padded, self.in_features)])
+                bias = None if bias is None else torch.cat([bias, bias.new_zeros(padded)])
+            self.register_buffer("packed", module.pack(weight), persistent=False)  # [out/16, in, 16]
+            self.register_buffer("packed_bias", bias, persistent=False)  # [out padded] or None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        rows = x.reshape(-1, self.in_features).contiguous()  # [M, in]
+        out = _load()[0].linear(rows, self.packed, self.packed_bias)  # [M, out padded]
+        if out.shape[1] != self.out_features:
+            out = out[:, : self.out_features]
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, skinny AVX-512"
