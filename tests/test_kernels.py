@@ -7,11 +7,11 @@ import torch
 from oilbird.kernels import (ForwardConfig, PackedLinear, describe_kernels, onednn_available,
                              resolve_gemm, tree_model)
 from oilbird.skinny_gemm import SkinnyLinear, skinny_available
-from oilbird.tree_attention import TREE_ATTENTION
+from oilbird.tree_attention import SKINNY_ATTENTION, TREE_ATTENTION
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 SKINNY = skinny_available()[0]
-FAST = "skinny" if SKINNY else "onednn"  # what 'auto' picks on a CPU in float32
+FAST = f"skinny/{SKINNY_ATTENTION}" if SKINNY else f"onednn/{TREE_ATTENTION}"  # what 'auto' picks (CPU, float32)
 FAST_LINEAR = SkinnyLinear if SKINNY else PackedLinear
 
 
@@ -60,7 +60,7 @@ def test_packed_linear_computes_the_linear(rows):
 def test_tree_model_shares_weights_and_leaves_the_model_alone(smol):
     fast = smol.tree_model()
     assert fast is smol.tree_model()  # built once per config
-    assert describe_kernels(fast) == f"{FAST}/{TREE_ATTENTION}"
+    assert describe_kernels(fast) == FAST
     assert describe_kernels(smol.model) == "default/sdpa"  # the audit's reference is untouched
     assert type(smol.model.lm_head) is torch.nn.Linear and isinstance(fast.lm_head, FAST_LINEAR)
     ours = dict(fast.named_parameters())

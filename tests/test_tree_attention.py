@@ -1,12 +1,13 @@
 """Tree attention: grouped-query attention under a tree mask, without copying the cache, gives
-exactly what transformers' copying SDPA path gives."""
+exactly what transformers' copying SDPA path gives; the skinny kernel gives it up to rounding."""
 
 import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from oilbird.tree import DraftTree
-from oilbird.tree_attention import tree_attention
+from oilbird.skinny_gemm import skinny_available
+from oilbird.tree_attention import skinny_tree_attention, tree_attention
 
 
 class Attn(torch.nn.Module):
@@ -44,3 +45,42 @@ def test_unmasked_and_single_token_forwards_are_transformers_own():
         ours, _ = tree_attention(module, query, key, value, mask)
         ref, _ = sdpa_attention_forward(module, query, key, value, mask)
         assert torch.equal(ours, ref)
+
+
+SKINNY, WHY = skinny_available()
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+@pytest.mark.parametrize("kv_heads,groups,cached,dim", [(3, 3, 40, 64), (2, 7, 100, 64), (4, 1, 10, 128),
+                                                        (3, 3, 512, 64), (1, 2, 0, 64)])
+def test_the_skinny_kernel_equals_the_copying_path_up_to_rounding(kv_heads, groups, cached, dim):
+    # cached + nodes not a multiple of 16 (a partial key block), a query tile spanning two heads
+    g = torch.Generator().manual_seed(kv_heads * groups + cached)
+    tree = DraftTree.root(1)
+    a = tree.add(0, 2, "t")
+    tree.add(0, 3, "t")
+    b = tree.add(a, 4, "t")
+    tree.add_chain(b, [5, 6, 7], "t")
+    n, s = len(tree), cached + len(tree)
+    query = torch.randn(1, n, kv_heads * groups, dim, generator=g).transpose(1, 2)  # [B, H_q, N, D], strided
+    room = torch.randn(2, 1, kv_heads, s + 9, dim, generator=g)  # a preallocated cache with spare rows
+    key, value = room[0][:, :, :s], room[1][:, :, :s]  # [B, H_kv, S, D], views
+    mask = tree.attention_mask(cached, torch.float32)  # [1, 1, N, S]
+    module = Attn(groups)
+    ours, _ = skinny_tree_attention(module, query, key, value, mask, scaling=dim ** -0.5)
+    ref, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=dim ** -0.5)
+    assert ours.shape == ref.shape == (1, n, kv_heads * groups, dim)
+    assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
+    bool_mask = mask == 0  # True = attend: the same attention
+    assert torch.allclose(skinny_tree_attention(module, query, key, value, bool_mask, scaling=dim ** -0.5)[0],
+                          ref, atol=2e-6, rtol=1e-5)
+
+
+def test_the_skinny_kernel_leaves_what_it_does_not_cover_to_sdpa():
+    g = torch.Generator().manual_seed(3)
+    module = Attn(3)
+    query = torch.randn(1, 9, 4, 16, generator=g)  # head_dim 16: not the kernel's
+    key, value = torch.randn(1, 3, 20, 16, generator=g), torch.randn(1, 3, 20, 16, generator=g)
+    mask = torch.zeros(1, 1, 4, 20)
+    ours, _ = skinny_tree_attention(module, query, key, value, mask)
+    assert torch.equal(ours, tree_attention(module, query, key, value, mask)[0])

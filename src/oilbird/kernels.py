@@ -14,7 +14,8 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
   default where it builds; oneDNN where it cannot. Measured in `scripts/forward_cost.py`
   (docs/RESULTS.md); `gemm='default'` keeps PyTorch's linear.
 - **Attention.** transformers copies the cache per query group whenever a mask is given;
-  `oilbird.tree_attention` attends over it in place.
+  `oilbird.tree_attention` attends over it in place, on our AVX-512 kernel where it builds
+  (PyTorch's CPU SDPA does its small products through MKL, slow on AMD CPUs).
 
 `tree_model(model, config)` returns a *copy* of the model's module tree that shares every weight
 tensor with the original (no second copy of the weights; packed GEMM weights are the only new
@@ -37,10 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from oilbird.skinny_gemm import SkinnyLinear, skinny_available
-from oilbird.tree_attention import TREE_ATTENTION
+from oilbird.tree_attention import SKINNY_ATTENTION, SKINNY_HEAD_DIMS, TREE_ATTENTION
 
 GEMMS = ("auto", "skinny", "onednn", "default")
-ATTENTIONS = ("tree", "sdpa")
+ATTENTIONS = ("auto", "skinny", "tree", "sdpa")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -54,8 +55,8 @@ class ForwardConfig:
     """Weight and activation dtype: float32 (the reference precision on the CPU), bfloat16 or float16."""
     gemm: str = "auto"
     """Linear layers: 'skinny' (our AVX-512 kernel for few rows, oilbird/skinny_gemm.py; CPU, float32), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
-    attention: str = "tree"
-    """'tree': grouped-query attention over the cache in place (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask."""
+    attention: str = "auto"
+    """'skinny': tree attention on our AVX-512 kernel (CPU, float32, head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs, else tree."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -108,6 +109,27 @@ def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype
     return config.gemm
 
 
+def resolve_attention(config: ForwardConfig, model: torch.nn.Module) -> str:
+    """The attention `model` gets: 'skinny', 'tree' or 'sdpa' ('auto': skinny where it runs).
+
+    Raises:
+        ValueError: if 'skinny' is asked for where it cannot run, saying why.
+    """
+    if config.attention not in ("auto", "skinny"):
+        return config.attention
+    param = next(model.parameters())
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    ok, why = skinny_available()
+    if param.device.type != "cpu" or param.dtype != torch.float32:
+        ok, why = False, f"the model is {param.dtype} on {param.device.type}, the kernel float32 on a CPU"
+    elif head_dim not in SKINNY_HEAD_DIMS:
+        ok, why = False, f"head_dim {head_dim} is not one of {SKINNY_HEAD_DIMS}"
+    if not ok and config.attention == "skinny":
+        raise ValueError(f"attention='skinny' cannot run here: {why}. Use attention='tree' (or 'auto').")
+    return "skinny" if ok else "tree"
+
+
 class PackedLinear(torch.nn.Module):
     """`nn.Linear` computed by oneDNN from weights packed once into its blocked layout.
 
@@ -151,8 +173,7 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> t
     Returns:
         The model itself when `config` changes nothing; otherwise a copy of its module tree
         (weights shared, `nn.Linear` -> `SkinnyLinear` or `PackedLinear` where the GEMM is
-        skinny or oneDNN, attention
-        `TREE_ATTENTION` where asked).
+        skinny or oneDNN, attention `SKINNY_ATTENTION` or `TREE_ATTENTION` where chosen).
 
     Raises:
         ValueError: if `config` asks for a kernel this model's device or dtype cannot run.
@@ -160,7 +181,8 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> t
     config = config or ForwardConfig()
     param = next(model.parameters())
     gemm = resolve_gemm(config, param.device, param.dtype)
-    if gemm == "default" and config.attention == "sdpa":
+    attention = resolve_attention(config, model)
+    if gemm == "default" and attention == "sdpa":
         return model
     # Every parameter and buffer maps to itself: the copy shares all tensors with `model`.
     memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
@@ -170,8 +192,8 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> t
         for name, module in list(fast.named_modules()):
             if type(module) is torch.nn.Linear:
                 fast.set_submodule(name, layer(module))
-    if config.attention == "tree":
-        fast.set_attn_implementation(TREE_ATTENTION)
+    if attention != "sdpa":
+        fast.set_attn_implementation(SKINNY_ATTENTION if attention == "skinny" else TREE_ATTENTION)
     return fast.eval()
 
 

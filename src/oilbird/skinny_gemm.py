@@ -1,17 +1,20 @@
-"""A skinny fp32 GEMM for few-row forwards on AVX-512 CPUs, compiled on first use.
+"""Our CPU kernels for few-row forwards (AVX-512, float32), compiled on first use.
 
 A verification forward multiplies 1 to 64 rows (tree nodes) by every weight matrix of the model.
 At such row counts the cost is reading the weights, and oneDNN's kernels on this project's CPU pay
-the reads and the arithmetic one after the other: 8 rows cost 1.4x one row. The kernel in
-`csrc/skinny_gemm.cpp` streams each weight once and hides the few rows' FMAs under the loads:
-8 rows cost about 1.1x one row, and one row is itself faster than oneDNN's (the measurement:
-`scripts/forward_cost.py`, docs/RESULTS.md).
+the reads and the arithmetic one after the other: 8 rows cost 1.4x one row. The GEMM in
+`csrc/skinny_gemm.cpp` (kernels in `csrc/skinny_kernels.h`) streams each weight once and hides the
+few rows' FMAs under the loads: 8 rows cost about 1.1x one row, and one row is itself faster than
+oneDNN's. `csrc/tree_attention.cpp` is the tree attention on the same footing (used by
+`oilbird.tree_attention.skinny_tree_attention`). The measurements: `scripts/forward_cost.py`,
+docs/RESULTS.md.
 
-The kernel is C++ with AVX-512 intrinsics, built by `torch.utils.cpp_extension` the first time a
-process asks for it (about 20 s; cached in the oilbird cache directory, keyed by the source, the
+The module is C++ with AVX-512 intrinsics, built by `torch.utils.cpp_extension` the first time a
+process asks for it (about 30 s; cached in the oilbird cache directory, keyed by the sources, the
 PyTorch version and the compiler flags). It needs a CPU with AVX-512, a C++ compiler and ninja
 (the `ninja` package is a dependency); where any is missing `skinny_available()` says why and the
-verifier uses oneDNN instead (`oilbird.kernels.resolve_gemm`).
+verifier uses oneDNN and PyTorch's SDPA instead (`oilbird.kernels.resolve_gemm`,
+`resolve_attention`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "csrc" / "skinny_gemm.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp"]  # the module's translation units
+HEADERS = [CSRC / "skinny_kernels.h"]
 FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]
 
 
@@ -54,17 +59,22 @@ def _load():
 
     from oilbird.model_fetch import default_cache_dir
 
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     key = hashlib.sha256(source + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     build = default_cache_dir() / "kernels" / f"skinny_gemm-{key}"
     build.mkdir(parents=True, exist_ok=True)
     try:
         with _ninja_on_path():
-            module = load(name=f"oilbird_skinny_gemm_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+            module = load(name=f"oilbird_skinny_gemm_{key}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                           extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
     except Exception as err:  # no compiler, no ninja, a failed build: oneDNN serves instead
-        return None, f"building {SOURCE.name} failed ({type(err).__name__}: {str(err).strip()[-300:]})"
+        return None, f"building the kernels in {CSRC} failed ({type(err).__name__}: {str(err).strip()[-300:]})"
     return module, None
+
+
+def kernels():
+    """The compiled module (`pack`, `linear`, `tree_attention`); call only where `skinny_available()`."""
+    return _load()[0]
 
 
 def skinny_available() -> tuple[bool, str]:
@@ -106,7 +116,7 @@ class SkinnyLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         rows = x.reshape(-1, self.in_features).contiguous()  # [M, in]
-        out = _load()[0].linear(rows, self.packed, self.packed_bias)  # [M, out padded]
+        out = kernels().linear(rows, self.packed, self.packed_bias)  # [M, out padded]
         if out.shape[1] != self.out_features:
             out = out[:, : self.out_features]
         return out.reshape(*x.shape[:-1], self.out_features)

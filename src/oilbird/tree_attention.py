@@ -11,11 +11,18 @@ key/value head for its query group in place, mask or no mask. On the CPU kernels
 bit-identical to the copying path (tests/test_tree_attention.py checks it). Forwards without a
 mask (prefill, autoregressive steps) go to transformers' own SDPA function unchanged.
 
-The function is registered under `TREE_ATTENTION` through transformers' `AttentionInterface` (and
-SDPA's mask builder under the same name through `AttentionMaskInterface`, so `generate()` and the
-prefill build exactly the masks SDPA would). A model opts in with
-`model.set_attn_implementation(TREE_ATTENTION)`; `oilbird.kernels.tree_model` does that on its
-own copy of the model, never on the caller's.
+`skinny_tree_attention` computes the same on our AVX-512 kernel (oilbird/csrc/tree_attention.cpp):
+one pass of online-softmax attention per tile of query rows, every query head of a group reading
+its key/value head in place. PyTorch's CPU SDPA runs its small products through MKL, slow on this
+project's AMD CPU; the kernel cut attention at 16-64 nodes by a third to a half
+(docs/RESULTS.md). Exact up to rounding (it sums in another order), float32 on a CPU, head_dim
+64 or 128; anything else goes to SDPA as above.
+
+The functions are registered under `TREE_ATTENTION` and `SKINNY_ATTENTION` through transformers'
+`AttentionInterface` (and SDPA's mask builder under the same names through
+`AttentionMaskInterface`, so `generate()` and the prefill build exactly the masks SDPA would). A
+model opts in with `model.set_attn_implementation(TREE_ATTENTION)`; `oilbird.kernels.tree_model`
+does that on its own copy of the model, never on the caller's.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from oilbird.errors import ModelError
+from oilbird.skinny_gemm import kernels
 
 TREE_ATTENTION = "oilbird_tree"
 """The attention implementation name models are switched to (`model.set_attn_implementation`)."""
@@ -59,8 +67,35 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     return out.transpose(1, 2).contiguous(), None
 
 
+SKINNY_ATTENTION = "oilbird_skinny"
+"""The name of the skinny-kernel variant (`skinny_tree_attention`)."""
+SKINNY_HEAD_DIMS = (64, 128)
+"""Head dims the skinny kernel supports."""
+
+
+def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                          value: torch.Tensor, attention_mask: torch.Tensor | None,
+                          dropout: float = 0.0, scaling: float | None = None,
+                          **kwargs) -> tuple[torch.Tensor, None]:
+    """`tree_attention` on the skinny kernel where it applies (see the module docstring).
+
+    Args and Returns: as `tree_attention`.
+    """
+    if (attention_mask is None or query.shape[2] == 1 or query.shape[0] != 1 or dropout
+            or query.dtype != torch.float32 or query.device.type != "cpu"
+            or query.shape[-1] not in SKINNY_HEAD_DIMS or kwargs.get("s_aux") is not None):
+        return tree_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if attention_mask.dtype == torch.bool:  # True = attend
+        attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill_(
+            ~attention_mask, torch.finfo(query.dtype).min)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return kernels().tree_attention(query, key, value, attention_mask, scale), None  # [1, N, H_q, D]
+
+
 AttentionInterface.register(TREE_ATTENTION, tree_attention)
 AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
+AttentionInterface.register(SKINNY_ATTENTION, skinny_tree_attention)
+AttentionMaskInterface.register(SKINNY_ATTENTION, sdpa_mask)
 
 
 def check_tree_attention(config) -> None:
@@ -73,7 +108,7 @@ def check_tree_attention(config) -> None:
         ModelError: naming the problem and what to do.
     """
     impl = getattr(config, "_attn_implementation", None) or "sdpa"
-    if impl not in ("sdpa", "eager", TREE_ATTENTION):
+    if impl not in ("sdpa", "eager", TREE_ATTENTION, SKINNY_ATTENTION):
         raise ModelError(f"attention implementation {impl!r} ignores custom tree masks; "
                          "load the model with attn_implementation='sdpa' or 'eager'")
     layer_types = getattr(config, "layer_types", None) or ()
