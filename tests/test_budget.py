@@ -146,3 +146,15 @@ def test_the_cost_curve_is_kept_per_verifier_option_and_kernels(smol, tmp_path):
                                         (smol.model, VerifierConfig(), None))}
     assert len(keys) == 4
     assert len(json.loads((tmp_path / "cost-curves.json").read_text())) == 4
+
+
+def test_a_measured_dip_is_pooled_away_and_a_monotone_curve_kept():
+    from oilbird.budget import monotone
+
+    clean = {1: 1.0, 2: 1.1, 8: 1.5, 16: 2.0}
+    assert monotone(clean) == clean
+    noisy = monotone({1: 23.0, 2: 21.5, 4: 22.0, 8: 21.2, 12: 31.0, 16: 25.2, 24: 35.4})
+    values = [noisy[n] for n in sorted(noisy)]
+    assert values == sorted(values)  # never cheaper with more nodes
+    assert noisy[1] == noisy[8] == (23.0 + 21.5 + 22.0 + 21.2) / 4  # the dip pooled with its violators
+    assert noisy[12] == noisy[16] == (31.0 + 25.2) / 2 and noisy[24] == 35.4

@@ -137,13 +137,35 @@ def measure_cost_curve(verifier, sizes: list[int], prefix_len: int = 512, repeat
     # than N = 2, which made larger trees look cheap to the auto budget.
     for n in (max(sizes), min(sizes)) * 2:
         probe(n)
-    points = {}
-    for n in sizes:
-        times = [probe(n) for _ in range(repeats + 1)]  # the first run warms up this shape
-        # The fastest run, not the median: another process sharing the cores only ever adds
-        # time, and a curve measured under load would otherwise keep that load's bumps.
-        points[n] = min(times[1:])
-    return CostCurve(points=points, key=key)
+    # Round robin over the sizes, so that a slow spell of the host (a noisy neighbour, a clock
+    # change) lands on every size alike instead of on the few it happened to coincide with.
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for round_ in range(repeats + 1):
+        for n in sizes:
+            elapsed = probe(n)
+            if round_:  # the first round warms up every shape
+                times[n].append(elapsed)
+    # The fastest run, not the median: another process sharing the cores only ever adds time,
+    # and a curve measured under load would otherwise keep that load's bumps.
+    return CostCurve(points=monotone({n: min(t) for n, t in times.items()}), key=key)
+
+
+def monotone(points: dict[int, float]) -> dict[int, float]:
+    """The least-squares non-decreasing fit of a cost curve (pool adjacent violators).
+
+    A forward over more nodes never costs less; a measured dip (8 nodes timed below 1 in a noisy
+    run) would make the budget pick trees for a cost they do not have. Violating neighbours are
+    pooled into their mean; a curve that is already monotone is returned unchanged.
+    """
+    blocks: list[list[float]] = []  # [sum, count] of pooled runs, in order of size
+    for n in sorted(points):
+        blocks.append([points[n], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = [total / count for total, count in blocks for _ in range(count)]
+    return dict(zip(sorted(points), fitted))
 
 
 def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None) -> str:
@@ -154,7 +176,7 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
     threads = threads or torch.get_num_threads()
     options = (f"verify:top_k={verifier.config.top_k},kernels={describe_kernels(verifier.model)},"
                f"fly={verifier.fly is not None and verifier.fly.entropy}")
-    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}|min,warm"
+    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}|min,warm,rr,mono"
             f"|{options}|torch={torch.__version__}|transformers={transformers.__version__}")
 
 
