@@ -100,7 +100,7 @@ class CostCurve:
 
 @torch.inference_mode()
 def measure_cost_curve(verifier, sizes: list[int], prefix_len: int = 512, repeats: int = 5,
-                       key: str = "") -> CostCurve:
+                       key: str = "", fit_monotone: bool = True) -> CostCurve:
     """Time `verifier.verify`, the very call decoding makes, on a chain of N nodes, per N.
 
     The call includes what decoding pays per forward: the mask (none at N = 1, exactly as an
@@ -114,6 +114,8 @@ def measure_cost_curve(verifier, sizes: list[int], prefix_len: int = 512, repeat
         prefix_len: cached tokens before each probe.
         repeats: timed runs per size (after one warm-up run); the fastest counts.
         key: what the curve depends on (see `cost_curve_key`).
+        fit_monotone: fit the timings non-decreasing (`monotone`), as the budgets need; False
+            keeps the raw fastest times (scripts/forward_cost.py reports those).
 
     Returns:
         The curve: N -> seconds per verification forward.
@@ -147,15 +149,17 @@ def measure_cost_curve(verifier, sizes: list[int], prefix_len: int = 512, repeat
                 times[n].append(elapsed)
     # The fastest run, not the median: another process sharing the cores only ever adds time,
     # and a curve measured under load would otherwise keep that load's bumps.
-    return CostCurve(points=monotone({n: min(t) for n, t in times.items()}), key=key)
+    fastest = {n: min(t) for n, t in times.items()}
+    return CostCurve(points=monotone(fastest) if fit_monotone else fastest, key=key)
 
 
 def monotone(points: dict[int, float]) -> dict[int, float]:
     """The least-squares non-decreasing fit of a cost curve (pool adjacent violators).
 
-    A forward over more nodes never costs less; a measured dip (8 nodes timed below 1 in a noisy
-    run) would make the budget pick trees for a cost they do not have. Violating neighbours are
-    pooled into their mean; a curve that is already monotone is returned unchanged.
+    The budgets compare tree sizes by this curve; a dip (8 nodes timed below 1 in a noisy run, or
+    PyTorch's MKL path, whose 2-row GEMM is slower than its 4-row one) would make them pick trees
+    for a cost that does not hold at neighbouring sizes. Violating neighbours are pooled into
+    their mean; a curve that is already monotone is returned unchanged.
     """
     blocks: list[list[float]] = []  # [sum, count] of pooled runs, in order of size
     for n in sorted(points):
