@@ -15,21 +15,25 @@ FAST = f"skinny/{SKINNY_ATTENTION}" if SKINNY else f"onednn/{TREE_ATTENTION}"  #
 FAST_LINEAR = SkinnyLinear if SKINNY else PackedLinear
 
 
-@pytest.mark.skipif(not SKINNY, reason=f"the skinny GEMM cannot run here: {skinny_available()[1]}")
+LAYERS = [pytest.param(SkinnyLinear, marks=pytest.mark.skipif(not SKINNY, reason=f"no skinny GEMM here: {skinny_available()[1]}")),
+          pytest.param(PackedLinear, marks=needs_onednn)]
+
+
+@pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("rows", [1, 2, 5, 8, 12, 13, 16, 25, 64, 300])
 @pytest.mark.parametrize("bias", [False, True])
-def test_skinny_linear_computes_the_linear(rows, bias):
-    # 300 outputs: not a multiple of 16 (padded); 13+ rows: the tiled path, with a partial tile
+def test_packed_layers_compute_the_linear(layer, rows, bias):
+    # 300 outputs: not a multiple of 16 (the skinny kernel pads); 13+ rows: its tiled path
     g = torch.Generator().manual_seed(rows)
     linear = torch.nn.Linear(96, 300, bias=bias)
     x = torch.randn(1, rows, 96, generator=g)
     with torch.inference_mode():
-        ours, ref = SkinnyLinear(linear)(x), linear(x)
+        ours, ref = layer(linear)(x), linear(x)
     assert ours.shape == ref.shape == (1, rows, 300)
     assert torch.allclose(ours, ref, atol=1e-5, rtol=1e-4)
     with torch.inference_mode():  # a non-contiguous input is read right
         wide = torch.randn(rows, 192, generator=g)[:, ::2]
-        assert torch.allclose(SkinnyLinear(linear)(wide), linear(wide), atol=1e-5, rtol=1e-4)
+        assert torch.allclose(layer(linear)(wide), linear(wide), atol=1e-5, rtol=1e-4)
 
 
 def test_skinny_linear_refuses_what_it_cannot_run():
@@ -42,18 +46,6 @@ def test_skinny_linear_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="bfloat16 on cpu"):
         resolve_gemm(ForwardConfig(gemm="skinny"), torch.device("cpu"), torch.bfloat16)
     assert resolve_gemm(ForwardConfig(gemm="auto"), torch.device("cpu"), torch.bfloat16) == "onednn"
-
-
-@needs_onednn
-@pytest.mark.parametrize("rows", [1, 2, 8, 64])
-def test_packed_linear_computes_the_linear(rows):
-    g = torch.Generator().manual_seed(rows)
-    linear = torch.nn.Linear(96, 300, bias=True)
-    x = torch.randn(1, rows, 96, generator=g)
-    with torch.inference_mode():
-        ours, ref = PackedLinear(linear)(x), linear(x)
-    assert ours.shape == ref.shape == (1, rows, 300)
-    assert torch.allclose(ours, ref, atol=1e-5, rtol=1e-4)
 
 
 @needs_onednn
@@ -98,3 +90,22 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
         pytest.skip("this machine has a GPU")
     with pytest.raises(ModelError, match="--device cpu"):
         load_model("smollm2-135m", device="cuda", cache_dir=tmp_path)
+
+
+def test_attention_auto_takes_the_skinny_kernel_where_it_runs_and_says_why_not(smol):
+    from types import SimpleNamespace
+
+    from oilbird.kernels import resolve_attention
+
+    assert resolve_attention(ForwardConfig(), smol.model) == ("skinny" if SKINNY else "tree")
+    assert resolve_attention(ForwardConfig(attention="sdpa"), smol.model) == "sdpa"
+    half = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    half.config = SimpleNamespace(head_dim=64, hidden_size=576, num_attention_heads=9)
+    assert resolve_attention(ForwardConfig(), half) == "tree"
+    with pytest.raises(ValueError, match="attention='tree'"):
+        resolve_attention(ForwardConfig(attention="skinny"), half)
+    odd = torch.nn.Linear(4, 4)
+    odd.config = SimpleNamespace(head_dim=80, hidden_size=640, num_attention_heads=8)
+    assert resolve_attention(ForwardConfig(), odd) == "tree"
+    with pytest.raises(ValueError, match="head_dim 80" if SKINNY else "attention='tree'"):
+        resolve_attention(ForwardConfig(attention="skinny"), odd)
