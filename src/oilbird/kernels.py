@@ -210,7 +210,8 @@ def harvest_head(head: torch.nn.Module, want: str, device: torch.device, dtype: 
         device, dtype: the model's.
 
     Returns:
-        hidden [T, d] -> logits [T, V] (float32 when converted).
+        hidden [T, d] -> logits [T, V] in the head's dtype (bfloat16 when converted: the caller
+        takes the top-k of it, `oilbird.skinny_gemm.topk`, without a float32 copy).
     """
     if want == "auto":
         fast_bf16 = device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -219,4 +220,4 @@ def harvest_head(head: torch.nn.Module, want: str, device: torch.device, dtype: 
         return head
     weight = head.weight.detach().to(getattr(torch, want))  # [V, d], one copy
     bias = None if getattr(head, "bias", None) is None else head.bias.detach().to(weight.dtype)
-    return lambda h: torch.nn.functional.linear(h.to(weight.dtype), weight, bias).float()
+    return lambda h: torch.nn.functional.linear(h.to(weight.dtype), weight, bias)

@@ -6,7 +6,8 @@ the reads and the arithmetic one after the other: 8 rows cost 1.4x one row. The 
 `csrc/skinny_gemm.cpp` (kernels in `csrc/skinny_kernels.h`) streams each weight once and hides the
 few rows' FMAs under the loads: 8 rows cost about 1.1x one row, and one row is itself faster than
 oneDNN's. `csrc/tree_attention.cpp` is the tree attention on the same footing (used by
-`oilbird.tree_attention.skinny_tree_attention`). The measurements: `scripts/forward_cost.py`,
+`oilbird.tree_attention.skinny_tree_attention`), and `csrc/topk.cpp` the top-k of logit rows
+(`topk`: the verifier's and the prefill harvest's). The measurements: `scripts/forward_cost.py`,
 docs/RESULTS.md.
 
 The module is C++ with AVX-512 intrinsics, built by `torch.utils.cpp_extension` the first time a
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp"]  # the module's translation units
+SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h"]
 FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]
 
@@ -81,6 +82,20 @@ def skinny_available() -> tuple[bool, str]:
     """(True, '') when the kernel runs here (building it on the first call), else (False, why)."""
     module, why = _load()
     return module is not None, why or ""
+
+
+def topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of each row of [M, V] logits: (values [M, k] float32, ids [M, k]), descending.
+
+    On a CPU, for float32 or bfloat16 logits, our kernel (csrc/topk.cpp: one vectorised scan per
+    row, ties to the lower id, bfloat16 read without a float32 copy); elsewhere `torch.topk`
+    (whose order among exactly tied values is unspecified).
+    """
+    if (logits.device.type == "cpu" and logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16)
+            and 1 <= k <= logits.shape[1] and skinny_available()[0]):
+        return kernels().topk_rows(logits, k)
+    top = logits.topk(k, dim=-1)
+    return top.values.float(), top.indices
 
 
 class SkinnyLinear(torch.nn.Module):

@@ -39,6 +39,7 @@ from oilbird.fly import FlyConfig, entropy, fly_walk
 from oilbird.kernels import harvest_head
 from oilbird.kv_cache import TreeCache, compact_cache, new_cache
 from oilbird.sampling import Sampler, calibration_terms, sample_walk, warped_probs
+from oilbird.skinny_gemm import topk as fast_topk
 from oilbird.tree import DraftTree
 from oilbird.tree_attention import check_tree_attention
 
@@ -234,10 +235,10 @@ class TreeVerifier:
         final = out.hidden_states[-1][0]  # [P - done, hidden], after the final norm
         head = self._harvest_head()
         n = final.shape[0]
-        if topk:
-            parts = [head(final[s:s + chunk]).topk(k, dim=-1) for s in range(0, n, chunk)]  # [chunk, k]
-            topk_ids = torch.cat([part.indices for part in parts])  # [P - done, k]
-            topk_logits = torch.cat([part.values for part in parts])
+        if topk:  # the head's own dtype (bfloat16 for the harvest on most CPUs), no float32 copy
+            parts = [fast_topk(head(final[s:s + chunk]), k) for s in range(0, n, chunk)]  # [chunk, k]
+            topk_ids = torch.cat([ids for _, ids in parts])  # [P - done, k]
+            topk_logits = torch.cat([values for values, _ in parts])  # float32
         else:
             topk_ids = torch.zeros((n, 0), dtype=torch.long, device=final.device)  # [P - done, 0]
             topk_logits = torch.zeros((n, 0), device=final.device)
@@ -351,15 +352,14 @@ class TreeVerifier:
 def top_k_and_argmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k ids and logits and the argmax of [N, V] logits, in one pass over the vocabulary.
 
-    The argmax is the top-1 id, except in a row whose top two logits tie exactly: there
-    `torch.topk` may order the tied ids either way, so that row takes `argmax` (the lowest tied
-    id, as transformers' greedy decoding does).
+    The argmax is the top-1 id, except in a row whose top two logits tie exactly: there a top-k
+    may order the tied ids either way (`torch.topk` does; our kernel puts the lower id first), so
+    that row takes `argmax` (the lowest tied id, as transformers' greedy decoding does).
 
     Returns:
         ([N, k] ids, [N, k] logits, [N] argmax).
     """
-    top = logits.topk(min(max(k, 2), logits.shape[-1]), dim=-1)
-    ids, values = top.indices, top.values  # [N, max(k, 2)]
+    values, ids = fast_topk(logits, min(max(k, 2), logits.shape[-1]))  # [N, max(k, 2)]
     argmax = ids[:, 0].clone()  # [N]
     if values.shape[-1] > 1:
         tied = (values[:, 0] == values[:, 1]).nonzero().flatten()

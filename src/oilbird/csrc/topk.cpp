@@ -1,0 +1,86 @@
+// Top-k of each row of a logits matrix (float32 or bfloat16), in one vectorised scan per row.
+//
+// The verifier needs the top-k (and the argmax) of every tree node's logits, and a prefill
+// harvest needs them at every prompt position: [rows, vocab] with k = 10 of ~50k-150k. PyTorch's
+// topk is a general selection; here each row is scanned once, 16 logits at a time, against the
+// current k-th best value: almost every block fails the comparison and costs one instruction.
+// bfloat16 logits are widened in registers, so the harvest's bfloat16 LM head needs no float32
+// copy of its [rows, vocab] output.
+//
+// Order: descending by value; an exact tie keeps the lower index first (a later equal value never
+// displaces an earlier one), so the top-1 is the argmax as torch.argmax and transformers' greedy
+// decoding pick it (the lowest tied id).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <limits>
+#include <tuple>
+
+namespace {
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {  // bfloat16 is the top half of a float32
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+template <typename T>
+void row_topk(const T* x, int64_t V, int64_t k, float* vals, int64_t* ids) {
+  int64_t filled = 0;
+  float thr = -std::numeric_limits<float>::infinity();  // the k-th best so far
+  auto insert = [&](float v, int64_t j) {
+    int64_t p = filled < k ? filled++ : k - 1;
+    while (p > 0 && vals[p - 1] < v) {  // strictly smaller move down: ties keep the lower index
+      vals[p] = vals[p - 1];
+      ids[p] = ids[p - 1];
+      --p;
+    }
+    vals[p] = v;
+    ids[p] = j;
+    if (filled == k) thr = vals[k - 1];
+  };
+  int64_t j = 0;
+  for (; j < V && filled < k; ++j) insert(static_cast<float>(x[j]), j);  // the first k enter
+  for (; j + 16 <= V; j += 16) {
+    __mmask16 m = _mm512_cmp_ps_mask(load16(x + j), _mm512_set1_ps(thr), _CMP_GT_OQ);
+    while (m) {
+      const int b = __builtin_ctz(m);
+      const float v = static_cast<float>(x[j + b]);
+      if (v > thr) insert(v, j + b);  // the threshold may have risen within the block
+      m &= m - 1;
+    }
+  }
+  for (; j < V; ++j) {
+    const float v = static_cast<float>(x[j]);
+    if (v > thr) insert(v, j);
+  }
+}
+
+template <typename T>
+void all_rows(const torch::Tensor& x, int64_t k, float* vals, int64_t* ids) {
+  const int64_t M = x.size(0), V = x.size(1);
+  const T* data = x.data_ptr<T>();
+  at::parallel_for(0, M, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) row_topk(data + r * V, V, k, vals + r * k, ids + r * k);
+  });
+}
+
+}  // namespace
+
+// x [M, V] float32 or bfloat16 (copied if its rows are not contiguous); 1 <= k <= V -> (values [M, k] float32, ids [M, k]).
+std::tuple<torch::Tensor, torch::Tensor> topk_rows(const torch::Tensor& x, int64_t k) {
+  TORCH_CHECK(x.dim() == 2, "topk_rows: a 2-D tensor");
+  TORCH_CHECK(k >= 1 && k <= x.size(1), "topk_rows: k must be in [1, vocab]");
+  auto rows = x.stride(1) == 1 && x.stride(0) == x.size(1) ? x : x.contiguous();
+  auto vals = torch::empty({x.size(0), k}, x.options().dtype(torch::kFloat32));
+  auto ids = torch::empty({x.size(0), k}, x.options().dtype(torch::kLong));
+  if (x.scalar_type() == torch::kFloat32) {
+    all_rows<float>(rows, k, vals.data_ptr<float>(), ids.data_ptr<int64_t>());
+  } else {
+    TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "topk_rows: float32 or bfloat16 logits");
+    all_rows<at::BFloat16>(rows, k, vals.data_ptr<float>(), ids.data_ptr<int64_t>());
+  }
+  return {vals, ids};
+}
