@@ -19,14 +19,15 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
 
 `tree_model(model, config)` returns a *copy* of the model's module tree that shares every weight
 tensor with the original (no second copy of the weights; packed GEMM weights are the only new
-memory) and has its `nn.Linear` layers swapped for `SkinnyLinear` (or `PackedLinear`) and its attention set to
-`TREE_ATTENTION`. The caller's model is left untouched: the losslessness audit runs
+memory) and has its `nn.Linear` layers swapped for `SkinnyLinear` (or `PackedLinear`) and its
+attention set to `SKINNY_ATTENTION` (or `TREE_ATTENTION`). The caller's model is left untouched:
+the losslessness audit runs
 transformers' `generate()` on it, an independent reference with PyTorch's default kernels.
 Swapping layers on our own copy is how quantisation backends plug into transformers; no
 modeling file or class is changed.
 
-Exactness: our kernel and oneDNN sum in a different order than MKL, so logits differ in the last bits; a
-near-tie argmax can flip. The audit reports every divergence with its logit margin
+Exactness: our kernels and oneDNN sum in a different order than MKL, so logits differ in the last
+bits; a near-tie argmax can flip. The audit reports every divergence with its logit margin
 (docs/RESULTS.md counts them).
 """
 
