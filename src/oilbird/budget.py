@@ -139,7 +139,7 @@ def measure_cost_curve(verifier, sizes: list[int], prefix_len: int = 512, repeat
     # than N = 2, which made larger trees look cheap to the auto budget.
     for n in (max(sizes), min(sizes)) * 2:
         probe(n)
-    # Round robin over the sizes, so that a slow spell of the host (a noisy neighbour, a clock
+    # Round robin over the sizes, so that a slow spell of the host (a noisy neighbor, a clock
     # change) lands on every size alike instead of on the few it happened to coincide with.
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for round_ in range(repeats + 1):
@@ -158,7 +158,7 @@ def monotone(points: dict[int, float]) -> dict[int, float]:
 
     The budgets compare tree sizes by this curve; a dip (8 nodes timed below 1 in a noisy run, or
     PyTorch's MKL path, whose 2-row GEMM is slower than its 4-row one) would make them pick trees
-    for a cost that does not hold at neighbouring sizes. Violating neighbours are pooled into
+    for a cost that does not hold at neighboring sizes. Violating neighbors are pooled into
     their mean; a curve that is already monotone is returned unchanged.
     """
     blocks: list[list[float]] = []  # [sum, count] of pooled runs, in order of size

@@ -23,7 +23,7 @@ memory) and has its `nn.Linear` layers swapped for `SkinnyLinear` (or `PackedLin
 attention set to `SKINNY_ATTENTION` (or `TREE_ATTENTION`). The caller's model is left untouched:
 the losslessness audit runs
 transformers' `generate()` on it, an independent reference with PyTorch's default kernels.
-Swapping layers on our own copy is how quantisation backends plug into transformers; no
+Swapping layers on our own copy is how quantization backends plug into transformers; no
 modeling file or class is changed.
 
 Exactness: our kernels and oneDNN sum in a different order than MKL, so logits differ in the last

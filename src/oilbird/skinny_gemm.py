@@ -63,11 +63,21 @@ def _load():
     source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     key = hashlib.sha256(source + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     build = default_cache_dir() / "kernels" / f"skinny_gemm-{key}"
-    build.mkdir(parents=True, exist_ok=True)
     try:
+        # The build compiles copies kept beside it: every checkout of the same sources then
+        # writes the same build file and reuses the same library, instead of rebuilding it for
+        # its own source paths under another process's feet.
+        copies = build / "src"
+        copies.mkdir(parents=True, exist_ok=True)
+        for path in SOURCES + HEADERS:
+            if not (copies / path.name).exists():
+                tmp = copies / f".{path.name}.{os.getpid()}"
+                tmp.write_bytes(path.read_bytes())
+                tmp.replace(copies / path.name)  # atomic: a concurrent build never reads half a file
         with _ninja_on_path():
-            module = load(name=f"oilbird_skinny_gemm_{key}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                          extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+            module = load(name=f"oilbird_skinny_gemm_{key}", sources=[str(copies / p.name) for p in SOURCES],
+                          extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
+                          verbose=False)
     except Exception as err:  # no compiler, no ninja, a failed build: oneDNN serves instead
         return None, f"building the kernels in {CSRC} failed ({type(err).__name__}: {str(err).strip()[-300:]})"
     return module, None
@@ -87,7 +97,7 @@ def skinny_available() -> tuple[bool, str]:
 def topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of each row of [M, V] logits: (values [M, k] float32, ids [M, k]), descending.
 
-    On a CPU, for float32 or bfloat16 logits, our kernel (csrc/topk.cpp: one vectorised scan per
+    On a CPU, for float32 or bfloat16 logits, our kernel (csrc/topk.cpp: one vectorized scan per
     row, ties to the lower id, bfloat16 read without a float32 copy); elsewhere `torch.topk`
     (whose order among exactly tied values is unspecified).
     """

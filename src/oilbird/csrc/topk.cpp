@@ -1,4 +1,4 @@
-// Top-k of each row of a logits matrix (float32 or bfloat16), in one vectorised scan per row.
+// Top-k of each row of a logits matrix (float32 or bfloat16), in one vectorized scan per row.
 //
 // The verifier needs the top-k (and the argmax) of every tree node's logits, and a prefill
 // harvest needs them at every prompt position: [rows, vocab] with k = 10 of ~50k-150k. PyTorch's
