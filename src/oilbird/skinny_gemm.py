@@ -11,7 +11,7 @@ oneDNN's. `csrc/tree_attention.cpp` is the tree attention on the same footing (u
 docs/RESULTS.md.
 
 The module is C++ with AVX-512 intrinsics, built by `torch.utils.cpp_extension` the first time a
-process asks for it (about 30 s; cached in the oilbird cache directory, keyed by the sources, the
+process asks for it (30-60 s; cached in the oilbird cache directory, keyed by the sources, the
 PyTorch version and the compiler flags). It needs a CPU with AVX-512, a C++ compiler and ninja
 (the `ninja` package is a dependency); where any is missing `skinny_available()` says why and the
 verifier uses oneDNN and PyTorch's SDPA instead (`oilbird.kernels.resolve_gemm`,
