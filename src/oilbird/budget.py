@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from oilbird.kernels import describe_kernels
+from oilbird.skinny_gemm import source_key
 from oilbird.tree import DraftTree
 
 
@@ -178,7 +179,10 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
     import transformers
 
     threads = threads or torch.get_num_threads()
-    options = (f"verify:top_k={verifier.config.top_k},kernels={describe_kernels(verifier.model)},"
+    kernels = describe_kernels(verifier.model)
+    if "skinny" in kernels:  # our kernels change with their sources, not with their name
+        kernels += f"@{source_key()}"
+    options = (f"verify:top_k={verifier.config.top_k},kernels={kernels},"
                f"fly={verifier.fly is not None and verifier.fly.entropy}")
     return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}|min,warm,rr,mono"
             f"|{options}|torch={torch.__version__}|transformers={transformers.__version__}")

@@ -51,6 +51,13 @@ def _ninja_on_path():
         os.environ["PATH"] = old
 
 
+def source_key() -> str:
+    """What the compiled module depends on: its sources, PyTorch's version and the flags (a hash;
+    also part of the cost-curve key, so a curve timed with other kernels is measured again)."""
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
+    return hashlib.sha256(source + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+
+
 @lru_cache(maxsize=1)
 def _load():
     """(the compiled module, None) or (None, why it is unavailable); built once per process."""
@@ -60,8 +67,7 @@ def _load():
 
     from oilbird.model_fetch import default_cache_dir
 
-    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
-    key = hashlib.sha256(source + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    key = source_key()
     build = default_cache_dir() / "kernels" / f"skinny_gemm-{key}"
     try:
         # The build compiles copies kept beside it: every checkout of the same sources then
