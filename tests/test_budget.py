@@ -149,7 +149,7 @@ def test_the_cost_curve_is_kept_per_verifier_option_and_kernels(smol, tmp_path):
     from oilbird.skinny_gemm import skinny_available, source_key
 
     if skinny_available()[0]:  # our kernels are keyed by their sources: a change re-measures
-        assert sum(f"skinny/oilbird_skinny@{source_key()}" in key for key in keys) == 3
+        assert sum("kernels=skinny/" in key and f"@{source_key()}" in key for key in keys) == 3
 
 
 def test_a_measured_dip_is_pooled_away_and_a_monotone_curve_kept():

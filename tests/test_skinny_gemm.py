@@ -38,3 +38,19 @@ def test_topk_falls_back_to_torch_where_the_kernel_does_not_apply():
     assert torch.equal(ids, x.topk(3, dim=-1).indices)
     strided = torch.randn(50, 4).t()  # rows not contiguous: copied, same answer
     assert torch.equal(topk(strided, 3)[1], reference(strided, 3)[1])
+
+
+def test_every_kernel_source_ships_in_the_package():
+    """A wheel carries only the package-data globs: a header left out builds nowhere but here."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    import oilbird.skinny_gemm as sg
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["oilbird"]
+    for path in [*sg.SOURCES, *sg.HEADERS]:
+        rel = path.relative_to(Path(sg.__file__).parent).as_posix()
+        assert any(fnmatch.fnmatch(rel, g) for g in globs), f"{rel} is not in package-data"
+    assert set(sg.CSRC.iterdir()) == set(sg.SOURCES) | set(sg.HEADERS)  # nothing unlisted either

@@ -9,13 +9,14 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
   layout (`PackedLinear`, the layout `torch.compile`'s CPU freezing also uses) is flat from 1 to 4
   rows and ~1.5x at 8, and faster than MKL even at one row; but its time at 8 rows is still about
   the weights' load time plus the arithmetic. Our skinny kernel (`SkinnyLinear`,
-  oilbird/skinny_gemm.py; AVX-512, float32) streams each weight once with the few rows' FMAs
-  hidden under the loads: 8 rows cost ~1.1x one row, and one row is faster than oneDNN's. The
+  oilbird/skinny_gemm.py; AVX-512 or AVX2, float32) streams each weight once with the few rows'
+  FMAs hidden under the loads: 8 rows cost ~1.1x one row on AVX-512 (~1.3x on AVX2), and one
+  row is faster than oneDNN's. The
   default where it builds; oneDNN where it cannot. Measured in `scripts/forward_cost.py`
   (docs/RESULTS.md); `gemm='default'` keeps PyTorch's linear.
 - **Attention.** transformers copies the cache per query group whenever a mask is given;
-  `oilbird.tree_attention` attends over it in place, on our AVX-512 kernel where it builds
-  (PyTorch's CPU SDPA does its small products through MKL, slow on AMD CPUs).
+  `oilbird.tree_attention` attends over it in place: on our kernel on AVX-512 CPUs (there
+  PyTorch's CPU SDPA measured slower), on PyTorch's SDPA with grouped heads on AVX2 ones.
 
 `tree_model(model, config)` returns a *copy* of the model's module tree that shares every weight
 tensor with the original (no second copy of the weights; packed GEMM weights are the only new
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oilbird.skinny_gemm import SkinnyLinear, skinny_available
+from oilbird.skinny_gemm import SkinnyLinear, isa, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, SKINNY_HEAD_DIMS, TREE_ATTENTION
 
 GEMMS = ("auto", "skinny", "onednn", "default")
@@ -55,9 +56,9 @@ class ForwardConfig:
     dtype: str = "float32"
     """Weight and activation dtype: float32 (the reference precision on the CPU), bfloat16 or float16."""
     gemm: str = "auto"
-    """Linear layers: 'skinny' (our AVX-512 kernel for few rows, oilbird/skinny_gemm.py; CPU, float32), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
+    """Linear layers: 'skinny' (our AVX-512/AVX2 kernel for few rows, oilbird/skinny_gemm.py; CPU, float32), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
     attention: str = "auto"
-    """'skinny': tree attention on our AVX-512 kernel (CPU, float32, head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs, else tree."""
+    """'skinny': tree attention on our kernel (CPU with AVX-512 or AVX2, float32, head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs and measured faster (AVX-512), else tree."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -85,7 +86,7 @@ def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype
     """The GEMM a model on `device` in `dtype` gets: 'skinny', 'onednn' or 'default'.
 
     'auto' takes the fastest that runs here, by the measurement in docs/RESULTS.md: the skinny
-    kernel (a CPU with AVX-512, float32, a compiler), else oneDNN (a CPU, float32 or bfloat16),
+    kernel (a CPU with AVX-512 or AVX2, float32, a compiler), else oneDNN (a CPU, float32 or bfloat16),
     else PyTorch's.
 
     Raises:
@@ -111,7 +112,11 @@ def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype
 
 
 def resolve_attention(config: ForwardConfig, model: torch.nn.Module) -> str:
-    """The attention `model` gets: 'skinny', 'tree' or 'sdpa' ('auto': skinny where it runs).
+    """The attention `model` gets: 'skinny', 'tree' or 'sdpa'.
+
+    'auto' takes our kernel where it runs and is the faster by the measurement in docs/RESULTS.md:
+    on AVX-512 CPUs; on AVX2 ones PyTorch's SDPA (the 'tree' path) attends faster than our
+    kernel's narrower registers (e.g. 1.2 vs 2.0 ms at 64 nodes over a 512-token cache, SmolLM2).
 
     Raises:
         ValueError: if 'skinny' is asked for where it cannot run, saying why.
@@ -128,6 +133,8 @@ def resolve_attention(config: ForwardConfig, model: torch.nn.Module) -> str:
         ok, why = False, f"head_dim {head_dim} is not one of {SKINNY_HEAD_DIMS}"
     if not ok and config.attention == "skinny":
         raise ValueError(f"attention='skinny' cannot run here: {why}. Use attention='tree' (or 'auto').")
+    if config.attention == "auto" and isa() == "AVX2":
+        return "tree"
     return "skinny" if ok else "tree"
 
 

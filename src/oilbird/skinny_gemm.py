@@ -1,4 +1,4 @@
-"""Our CPU kernels for few-row forwards (AVX-512, float32), compiled on first use.
+"""Our CPU kernels for few-row forwards (AVX-512 or AVX2, float32), compiled on first use.
 
 A verification forward multiplies 1 to 64 rows (tree nodes) by every weight matrix of the model.
 At such row counts the cost is reading the weights, and oneDNN's kernels on this project's CPU pay
@@ -10,10 +10,11 @@ oneDNN's. `csrc/tree_attention.cpp` is the tree attention on the same footing (u
 (`topk`: the verifier's and the prefill harvest's). The measurements: `scripts/forward_cost.py`,
 docs/RESULTS.md.
 
-The module is C++ with AVX-512 intrinsics, built by `torch.utils.cpp_extension` the first time a
-process asks for it (30-60 s; cached in the oilbird cache directory, keyed by the sources, the
-PyTorch version and the compiler flags). It needs a CPU with AVX-512, a C++ compiler and ninja
-(the `ninja` package is a dependency); where any is missing `skinny_available()` says why and the
+The module is C++ written once against a few vector operations (`csrc/simd.h`) and compiled for
+the widest instruction set the CPU has, AVX-512 or AVX2 with FMA, by `torch.utils.cpp_extension`
+the first time a process asks for it (30-60 s; cached in the oilbird cache directory, keyed by the
+sources, the PyTorch version and the compiler flags). It needs such a CPU, a C++ compiler and
+ninja (the `ninja` package is a dependency); where any is missing `skinny_available()` says why and the
 verifier uses oneDNN and PyTorch's SDPA instead (`oilbird.kernels.resolve_gemm`,
 `resolve_attention`).
 """
@@ -31,8 +32,21 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp"]  # the module's translation units
-HEADERS = [CSRC / "skinny_kernels.h"]
-FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]
+HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h"]
+# Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).
+ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AMX": ["-mavx512f", "-mavx2", "-mfma"],
+             "AVX2": ["-mavx2", "-mfma"]}
+
+
+def isa() -> str | None:
+    """The instruction set the kernels are built for here ('AVX512', 'AMX', 'AVX2'), or None."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability if capability in ISA_FLAGS else None
+
+
+def flags() -> list[str]:
+    """The compiler flags for this CPU (the kernels are built only where `isa()` is not None)."""
+    return ["-O3", *ISA_FLAGS.get(isa() or "", []), "-fopenmp"]
 
 
 @contextmanager
@@ -55,14 +69,14 @@ def source_key() -> str:
     """What the compiled module depends on: its sources, PyTorch's version and the flags (a hash;
     also part of the cost-curve key, so a curve timed with other kernels is measured again)."""
     source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
-    return hashlib.sha256(source + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return hashlib.sha256(source + torch.__version__.encode() + " ".join(flags()).encode()).hexdigest()[:16]
 
 
 @lru_cache(maxsize=1)
 def _load():
     """(the compiled module, None) or (None, why it is unavailable); built once per process."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AMX"):
-        return None, f"the CPU lacks AVX-512 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})"
+    if isa() is None:
+        return None, f"the CPU lacks AVX2 and AVX-512 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})"
     from torch.utils.cpp_extension import load
 
     from oilbird.model_fetch import default_cache_dir
@@ -82,7 +96,7 @@ def _load():
                 tmp.replace(copies / path.name)  # atomic: a concurrent build never reads half a file
         with _ninja_on_path():
             module = load(name=f"oilbird_skinny_gemm_{key}", sources=[str(copies / p.name) for p in SOURCES],
-                          extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
+                          extra_cflags=flags(), extra_ldflags=["-fopenmp"], build_directory=str(build),
                           verbose=False)
     except Exception as err:  # no compiler, no ninja, a failed build: oneDNN serves instead
         return None, f"building the kernels in {CSRC} failed ({type(err).__name__}: {str(err).strip()[-300:]})"
@@ -153,4 +167,4 @@ class SkinnyLinear(torch.nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, skinny AVX-512"
+        return f"in_features={self.in_features}, out_features={self.out_features}, skinny {isa()}"

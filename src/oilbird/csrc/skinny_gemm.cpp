@@ -8,7 +8,8 @@
 //
 // Layout: W is packed once as [N/16][K][16] ("pack"): each block of 16 outputs streams its K x 16
 // weights contiguously, one 64-byte line per k. The kernel keeps M x NB accumulators (16 outputs
-// each) in AVX-512 registers and, per k, loads NB weight lines and broadcasts the M inputs.
+// each: one AVX-512 register or two AVX2 ones, simd.h) in registers and, per k, loads NB weight
+// lines and broadcasts the M inputs.
 // Summation is sequential over k in fp32 FMA, so results differ from oneDNN's or MKL's in the last
 // bits (the audit compares every output with transformers' generate()).
 //

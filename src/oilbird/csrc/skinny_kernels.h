@@ -1,5 +1,5 @@
-// Few-row fp32 GEMM kernels (AVX-512): y[M, N] = x[M, K] @ W[N, K]^T (+ bias) from W packed as
-// [N/16][K][16]. See skinny_gemm.cpp for why and how; tree_attention.cpp uses them too.
+// Few-row fp32 GEMM kernels (AVX-512 or AVX2, see simd.h): y[M, N] = x[M, K] @ W[N, K]^T (+ bias)
+// from W packed as [N/16][K][16]. See skinny_gemm.cpp for why and how.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -8,44 +8,54 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "simd.h"
+
 namespace oilbird {
 
-constexpr int64_t kBlock = 16;  // outputs per AVX-512 register of fp32
+namespace v = simd;
+constexpr int64_t kBlock = 16;                // outputs per packed block (one 64-byte line per k)
+constexpr int kPer = kBlock / v::kLanes;      // registers per block: 1 (AVX-512) or 2 (AVX2)
+// Rows that one pass over the weights serves without spilling accumulators: 12 or 6.
+constexpr int kShortRows = std::min(12, v::kAccumulators / kPer);
+// Blocks per tile of kShortRows rows in the tall kernel: 2 (24 accumulators) or 1 (12).
+constexpr int kTallBlocks = std::max(1, v::kAccumulators / (kShortRows * kPer));
 
 // M rows by NB blocks of 16 outputs starting at block nb0, over all K.
 template <int M, int NB>
 void block(const float* x, const float* wp, float* y, int64_t K, int64_t N, int64_t nb0,
            const float* bias) {
-  __m512 acc[M][NB];
+  v::vf acc[M][NB * kPer];
   for (int m = 0; m < M; ++m)
-    for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
+    for (int b = 0; b < NB * kPer; ++b) acc[m][b] = v::zero();
   const float* w[NB];
   for (int b = 0; b < NB; ++b) w[b] = wp + (nb0 + b) * K * kBlock;
   for (int64_t k = 0; k < K; ++k) {
-    __m512 wv[NB];
+    v::vf wv[NB * kPer];
     for (int b = 0; b < NB; ++b) {
       // 32 lines (2 KiB) ahead: the stream stays ahead of the FMAs.
       _mm_prefetch(reinterpret_cast<const char*>(w[b] + (k + 32) * kBlock), _MM_HINT_T0);
-      wv[b] = _mm512_loadu_ps(w[b] + k * kBlock);
+      for (int h = 0; h < kPer; ++h) wv[b * kPer + h] = v::load(w[b] + k * kBlock + h * v::kLanes);
     }
     for (int m = 0; m < M; ++m) {
-      __m512 xv = _mm512_set1_ps(x[m * K + k]);
-      for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_fmadd_ps(xv, wv[b], acc[m][b]);
+      const v::vf xv = v::set1(x[m * K + k]);
+      for (int b = 0; b < NB * kPer; ++b) acc[m][b] = v::fmadd(xv, wv[b], acc[m][b]);
     }
   }
   for (int m = 0; m < M; ++m)
-    for (int b = 0; b < NB; ++b) {
-      __m512 r = acc[m][b];
-      if (bias) r = _mm512_add_ps(r, _mm512_loadu_ps(bias + (nb0 + b) * kBlock));
-      _mm512_storeu_ps(y + m * N + (nb0 + b) * kBlock, r);
+    for (int b = 0; b < NB * kPer; ++b) {
+      v::vf r = acc[m][b];
+      const int64_t col = nb0 * kBlock + b * v::kLanes;
+      if (bias) r = v::add(r, v::load(bias + col));
+      v::store(y + m * N + col, r);
     }
 }
 
-// Up to 12 rows: one pass over the weights, NB blocks at a time (NB x M <= 28 accumulators, so
-// a row count's registers never spill), the blocks split across threads.
+// Up to kShortRows rows: one pass over the weights, NB blocks at a time (NB x M registers of
+// accumulators within the budget, so a row count's registers never spill), the blocks split
+// across threads.
 template <int M>
 void short_rows(const float* x, const float* wp, float* y, int64_t K, int64_t N, const float* bias) {
-  constexpr int NB = std::max(1, std::min(4, 28 / M));
+  constexpr int NB = std::max(1, std::min(4, v::kAccumulators / (M * kPer)));
   const int64_t blocks = N / kBlock, groups = blocks / NB;
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) block<M, NB>(x, wp, y, K, N, g * NB, bias);
@@ -63,36 +73,40 @@ template <int M, int NB>
 void tile(const float* x, const float* wp, float* y, int64_t K, int64_t N, int64_t nb, const float* b) {
   block<M, NB>(x, wp, y, K, N, nb, b);
 }
-constexpr TileFn kPair[13] = {nullptr, tile<1, 2>, tile<2, 2>, tile<3, 2>, tile<4, 2>, tile<5, 2>,
-                              tile<6, 2>, tile<7, 2>, tile<8, 2>, tile<9, 2>, tile<10, 2>,
-                              tile<11, 2>, tile<12, 2>};
+constexpr TileFn kGroup[13] = {nullptr, tile<1, kTallBlocks>, tile<2, kTallBlocks>, tile<3, kTallBlocks>,
+                               tile<4, kTallBlocks>, tile<5, kTallBlocks>, tile<6, kTallBlocks>,
+                               tile<7, kTallBlocks>, tile<8, kTallBlocks>, tile<9, kTallBlocks>,
+                               tile<10, kTallBlocks>, tile<11, kTallBlocks>, tile<12, kTallBlocks>};
 constexpr TileFn kSingle[13] = {nullptr, tile<1, 1>, tile<2, 1>, tile<3, 1>, tile<4, 1>, tile<5, 1>,
                                 tile<6, 1>, tile<7, 1>, tile<8, 1>, tile<9, 1>, tile<10, 1>,
                                 tile<11, 1>, tile<12, 1>};
 
-// More rows: for each pair of output blocks, every 12-row tile in turn, so the pair's weights
-// come from memory once and from L2 for the later tiles (12 rows x 2 blocks: 24 accumulators,
-// 14 loads per 24 FMAs).
+// More rows: for each group of kTallBlocks output blocks, every row tile in turn, so the group's
+// weights come from memory once and from L2 for the later tiles. The rows are split into tiles of
+// nearly equal size (8 rows on AVX2: 4 + 4, not 6 + 2): a tile of few rows has too few
+// independent accumulators to keep both FMA units busy.
 inline void tall_rows(const float* x, const float* wp, float* y, int64_t M, int64_t K, int64_t N,
                const float* bias) {
-  const int64_t blocks = N / kBlock, pairs = blocks / 2;
+  const int64_t blocks = N / kBlock, groups = blocks / kTallBlocks;
+  const int64_t ntiles = (M + kShortRows - 1) / kShortRows, base = M / ntiles, extra = M % ntiles;
   auto tiles = [&](const TileFn* fns, int64_t nb) {
-    for (int64_t m = 0; m < M; m += 12) {
-      const int64_t rows = std::min<int64_t>(12, M - m);
+    for (int64_t t = 0, m = 0; t < ntiles; ++t) {
+      const int64_t rows = base + (t < extra ? 1 : 0);
       fns[rows](x + m * K, wp, y + m * N, K, N, nb, bias);
+      m += rows;
     }
   };
-  at::parallel_for(0, pairs, 4, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) tiles(kPair, 2 * p);
+  at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) tiles(kGroup, g * kTallBlocks);
   });
-  if (blocks % 2) tiles(kSingle, blocks - 1);
+  for (int64_t nb = groups * kTallBlocks; nb < blocks; ++nb) tiles(kSingle, nb);
 }
 
 
 // y[M, N] = x[M, K] @ W^T (+ bias), W packed [N/16][K][16], all contiguous float32.
 inline void gemm(const float* x, const float* wp, float* y, int64_t M, int64_t K, int64_t N,
                  const float* bias) {
-  if (M > 12) {
+  if (M > kShortRows) {
     tall_rows(x, wp, y, M, K, N, bias);
   } else if (M > 0) {
     kShort[M](x, wp, y, K, N, bias);

@@ -2,7 +2,7 @@
 //
 // The verifier needs the top-k (and the argmax) of every tree node's logits, and a prefill
 // harvest needs them at every prompt position: [rows, vocab] with k = 10 of ~50k-150k. PyTorch's
-// topk is a general selection; here each row is scanned once, 16 logits at a time, against the
+// topk is a general selection; here each row is scanned once, one register of logits at a time, against the
 // current k-th best value: almost every block fails the comparison and costs one instruction.
 // bfloat16 logits are widened in registers, so the harvest's bfloat16 LM head needs no float32
 // copy of its [rows, vocab] output.
@@ -13,18 +13,15 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <limits>
 #include <tuple>
 
+#include "simd.h"
+
 namespace {
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) {  // bfloat16 is the top half of a float32
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
+namespace v = oilbird::simd;
 
 template <typename T>
 void row_topk(const T* x, int64_t V, int64_t k, float* vals, int64_t* ids) {
@@ -43,8 +40,8 @@ void row_topk(const T* x, int64_t V, int64_t k, float* vals, int64_t* ids) {
   };
   int64_t j = 0;
   for (; j < V && filled < k; ++j) insert(static_cast<float>(x[j]), j);  // the first k enter
-  for (; j + 16 <= V; j += 16) {
-    __mmask16 m = _mm512_cmp_ps_mask(load16(x + j), _mm512_set1_ps(thr), _CMP_GT_OQ);
+  for (; j + v::kLanes <= V; j += v::kLanes) {
+    uint32_t m = v::greater_bits(v::load(x + j), v::set1(thr));
     while (m) {
       const int b = __builtin_ctz(m);
       const float v = static_cast<float>(x[j + b]);
