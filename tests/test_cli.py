@@ -7,11 +7,10 @@ import sys
 import pytest
 
 from oilbird.cli import main
-from oilbird.skinny_gemm import isa, skinny_available
+from oilbird.skinny_gemm import skinny_available
 
 # the kernels "auto" picks here (GEMM/attention)
-FAST = (("skinny/oilbird_tree" if isa() == "AVX2" else "skinny/oilbird_skinny") if skinny_available()[0]
-        else "onednn/oilbird_tree")  # what --gemm/--attention auto pick here
+FAST = "skinny/oilbird_skinny" if skinny_available()[0] else "onednn/oilbird_tree"
 
 
 def run_cli(capsys, *argv):

@@ -6,14 +6,12 @@ import torch
 
 from oilbird.kernels import (ForwardConfig, PackedLinear, describe_kernels, onednn_available,
                              resolve_gemm, tree_model)
-from oilbird.skinny_gemm import SkinnyLinear, isa, skinny_available
+from oilbird.skinny_gemm import SkinnyLinear, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, TREE_ATTENTION
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 SKINNY = skinny_available()[0]
-# What 'auto' picks (CPU, float32): our GEMM where it builds; our attention on AVX-512 only.
-FAST = (f"skinny/{TREE_ATTENTION if isa() == 'AVX2' else SKINNY_ATTENTION}" if SKINNY
-        else f"onednn/{TREE_ATTENTION}")
+FAST = f"skinny/{SKINNY_ATTENTION}" if SKINNY else f"onednn/{TREE_ATTENTION}"  # what 'auto' picks (CPU, float32)
 FAST_LINEAR = SkinnyLinear if SKINNY else PackedLinear
 
 
@@ -99,9 +97,7 @@ def test_attention_auto_takes_the_skinny_kernel_where_it_runs_and_says_why_not(s
 
     from oilbird.kernels import resolve_attention
 
-    assert resolve_attention(ForwardConfig(), smol.model) == ("skinny" if SKINNY and isa() != "AVX2" else "tree")
-    if SKINNY:  # asked for by name, it runs on either instruction set
-        assert resolve_attention(ForwardConfig(attention="skinny"), smol.model) == "skinny"
+    assert resolve_attention(ForwardConfig(), smol.model) == ("skinny" if SKINNY else "tree")
     assert resolve_attention(ForwardConfig(attention="sdpa"), smol.model) == "sdpa"
     half = torch.nn.Linear(4, 4).to(torch.bfloat16)
     half.config = SimpleNamespace(head_dim=64, hidden_size=576, num_attention_heads=9)

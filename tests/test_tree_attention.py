@@ -84,3 +84,39 @@ def test_the_skinny_kernel_leaves_what_it_does_not_cover_to_sdpa():
     mask = torch.zeros(1, 1, 4, 20)
     ours, _ = skinny_tree_attention(module, query, key, value, mask)
     assert torch.equal(ours, tree_attention(module, query, key, value, mask)[0])
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+@pytest.mark.parametrize("kv_heads,groups,nodes,dim", [(2, 7, 40, 64), (3, 3, 64, 64), (1, 2, 33, 128)])
+def test_the_kernel_itself_is_exact_on_large_trees(kv_heads, groups, nodes, dim):
+    """The C++ kernel, called directly: large trees, which an AVX2 host hands to SDPA."""
+    from oilbird.skinny_gemm import kernels
+
+    g = torch.Generator().manual_seed(nodes)
+    tree = DraftTree.root(1)
+    tree.add_chain(0, list(range(2, nodes // 2 + 1)), "t")
+    while len(tree) < nodes:
+        tree.add(len(tree) // 3, len(tree) + 100, "t")  # side branches
+    cached, n = 70, len(tree)
+    query = torch.randn(1, kv_heads * groups, n, dim, generator=g)
+    key, value = torch.randn(2, 1, kv_heads, cached + n, dim, generator=g)
+    mask = tree.attention_mask(cached, torch.float32)
+    ours = kernels().tree_attention(query, key, value, mask, dim ** -0.5)
+    ref, _ = sdpa_attention_forward(Attn(groups), query, key, value, mask, scaling=dim ** -0.5)
+    assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+def test_on_avx2_large_trees_go_to_sdpa_and_small_ones_to_the_kernel():
+    from oilbird.skinny_gemm import isa
+    from oilbird.tree_attention import AVX2_MAX_ROWS
+
+    g = torch.Generator().manual_seed(5)
+    module = Attn(3)
+    for nodes in (AVX2_MAX_ROWS // 3, AVX2_MAX_ROWS // 3 + 1):
+        query = torch.randn(1, 9, nodes, 64, generator=g)
+        key, value = torch.randn(2, 1, 3, 50 + nodes, 64, generator=g)
+        mask = torch.zeros(1, 1, nodes, 50 + nodes)
+        ours, _ = skinny_tree_attention(module, query, key, value, mask)
+        sdpa = torch.equal(ours, tree_attention(module, query, key, value, mask)[0])
+        assert sdpa == (isa() == "AVX2" and nodes * 3 > AVX2_MAX_ROWS)

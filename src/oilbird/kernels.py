@@ -15,8 +15,8 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
   default where it builds; oneDNN where it cannot. Measured in `scripts/forward_cost.py`
   (docs/RESULTS.md); `gemm='default'` keeps PyTorch's linear.
 - **Attention.** transformers copies the cache per query group whenever a mask is given;
-  `oilbird.tree_attention` attends over it in place: on our kernel on AVX-512 CPUs (there
-  PyTorch's CPU SDPA measured slower), on PyTorch's SDPA with grouped heads on AVX2 ones.
+  `oilbird.tree_attention` attends over it in place, on our kernel where it builds (on AVX2
+  CPUs large trees go to PyTorch's SDPA with grouped heads, faster there).
 
 `tree_model(model, config)` returns a *copy* of the model's module tree that shares every weight
 tensor with the original (no second copy of the weights; packed GEMM weights are the only new
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oilbird.skinny_gemm import SkinnyLinear, isa, skinny_available
+from oilbird.skinny_gemm import SkinnyLinear, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, SKINNY_HEAD_DIMS, TREE_ATTENTION
 
 GEMMS = ("auto", "skinny", "onednn", "default")
@@ -58,7 +58,7 @@ class ForwardConfig:
     gemm: str = "auto"
     """Linear layers: 'skinny' (our AVX-512/AVX2 kernel for few rows, oilbird/skinny_gemm.py; CPU, float32), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
     attention: str = "auto"
-    """'skinny': tree attention on our kernel (CPU with AVX-512 or AVX2, float32, head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs and measured faster (AVX-512), else tree."""
+    """'skinny': tree attention on our kernel (CPU with AVX-512 or AVX2, float32, head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs, else tree."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -114,9 +114,9 @@ def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype
 def resolve_attention(config: ForwardConfig, model: torch.nn.Module) -> str:
     """The attention `model` gets: 'skinny', 'tree' or 'sdpa'.
 
-    'auto' takes our kernel where it runs and is the faster by the measurement in docs/RESULTS.md:
-    on AVX-512 CPUs; on AVX2 ones PyTorch's SDPA (the 'tree' path) attends faster than our
-    kernel's narrower registers (e.g. 1.2 vs 2.0 ms at 64 nodes over a 512-token cache, SmolLM2).
+    'auto' takes our kernel where it runs (on an AVX2 CPU it hands trees of more than
+    `AVX2_MAX_ROWS` query rows per key/value head to PyTorch's SDPA, faster there; see
+    oilbird/tree_attention.py).
 
     Raises:
         ValueError: if 'skinny' is asked for where it cannot run, saying why.
@@ -133,8 +133,6 @@ def resolve_attention(config: ForwardConfig, model: torch.nn.Module) -> str:
         ok, why = False, f"head_dim {head_dim} is not one of {SKINNY_HEAD_DIMS}"
     if not ok and config.attention == "skinny":
         raise ValueError(f"attention='skinny' cannot run here: {why}. Use attention='tree' (or 'auto').")
-    if config.attention == "auto" and isa() == "AVX2":
-        return "tree"
     return "skinny" if ok else "tree"
 
 

@@ -139,6 +139,32 @@ void attend(const Problem& p) {
   });
 }
 
+// Keys [1, Hkv, S, D] (any head and row stride) packed as [Hkv, Sp/16, D, 16], zero past S, so
+// that 16 keys' scores come from D broadcast FMAs. One block of 16 keys per task, on ATen's
+// threads: the copy is a sizeable share of a small forward's attention.
+torch::Tensor pack_keys(const torch::Tensor& k, int64_t Sp) {
+  const int64_t Hkv = k.size(1), S = k.size(2), D = k.size(3), blocks = Sp / kKeys;
+  auto keys = torch::empty({Hkv, blocks, D, kKeys}, k.options());
+  const float* src = k.data_ptr<float>();
+  float* dst = keys.data_ptr<float>();
+  const int64_t head_stride = k.stride(1), row_stride = k.stride(2);
+  at::parallel_for(0, Hkv * blocks, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t h = b / blocks, first = (b % blocks) * kKeys;
+      float* out = dst + b * D * kKeys;
+      for (int64_t j = 0; j < kKeys; ++j) {
+        const float* row = src + h * head_stride + (first + j) * row_stride;
+        if (first + j < S) {
+          for (int64_t d = 0; d < D; ++d) out[d * kKeys + j] = row[d];
+        } else {
+          for (int64_t d = 0; d < D; ++d) out[d * kKeys + j] = 0.0f;
+        }
+      }
+    }
+  });
+  return keys;
+}
+
 }  // namespace
 
 // q [1, Hq, N, D], k and v [1, Hkv, S, D] (rows of each head contiguous), mask [1, 1, N, S]
@@ -151,12 +177,11 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
   TORCH_CHECK(D == 64 || D == 128, "tree_attention: head_dim must be 64 or 128, got ", D);
   TORCH_CHECK(Hq % Hkv == 0, "tree_attention: query heads must be a multiple of key/value heads");
   TORCH_CHECK(v.stride(3) == 1 && v.stride(2) == D, "tree_attention: each head's values must be rows");
+  TORCH_CHECK(k.stride(3) == 1, "tree_attention: each key must be a contiguous row");
   TORCH_CHECK(mask.scalar_type() == torch::kFloat32 && mask.numel() == N * S,
               "tree_attention: mask must be an additive float32 [1, 1, N, S]");
   const int64_t Sp = (S + kKeys - 1) / kKeys * kKeys;  // S padded to whole blocks
-  // Keys packed [Hkv, Sp/16, D, 16] (zero padded): 16 keys' scores from D broadcast FMAs.
-  auto keys = at::constant_pad_nd(k[0], {0, 0, 0, Sp - S})
-                  .view({Hkv, Sp / kKeys, kKeys, D}).transpose(2, 3).contiguous();
+  auto keys = pack_keys(k, Sp);  // [Hkv, Sp/16, D, 16]
   // Scaling the queries costs less than scaling the scores; rounding differs in the last bits.
   auto queries = q[0].mul(scale).contiguous();  // [Hq, N, D]
   auto m = mask.reshape({N, S}).contiguous();
