@@ -38,6 +38,7 @@ ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AMX": ["-mavx512f", "-
              "AVX2": ["-mavx2", "-mfma"]}
 
 
+@lru_cache(maxsize=1)
 def isa() -> str | None:
     """The instruction set the kernels are built for here ('AVX512', 'AMX', 'AVX2'), or None."""
     capability = torch.backends.cpu.get_cpu_capability()

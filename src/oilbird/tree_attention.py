@@ -14,8 +14,8 @@ mask (prefill, autoregressive steps) go to transformers' own SDPA function uncha
 `skinny_tree_attention` computes the same on our kernel (oilbird/csrc/tree_attention.cpp, AVX-512
 or AVX2): one pass of online-softmax attention per tile of query rows, every query head of a
 group reading its key/value head in place. On an AVX-512 host it cut attention at 16-64 nodes by
-a third to a half against PyTorch's CPU SDPA; on an AVX2 host it is faster up to about 64 query
-rows per key/value head (21 SmolLM2 nodes, 9 of Qwen's) and SDPA beyond, so there larger trees go
+a third to a half against PyTorch's CPU SDPA; on an AVX2 host it is faster up to about 48 query
+rows per key/value head (16 SmolLM2 nodes, 6 of Qwen's) and SDPA beyond, so there larger trees go
 to SDPA (`AVX2_MAX_ROWS`; docs/RESULTS.md). Exact up to rounding (it sums in another order),
 float32 on a CPU, head_dim 64 or 128; anything else goes to SDPA as above.
 
@@ -72,7 +72,7 @@ SKINNY_ATTENTION = "oilbird_skinny"
 """The name of the skinny-kernel variant (`skinny_tree_attention`)."""
 SKINNY_HEAD_DIMS = (64, 128)
 """Head dims the skinny kernel supports."""
-AVX2_MAX_ROWS = 64
+AVX2_MAX_ROWS = 48
 """On an AVX2 CPU, query rows per key/value head (group size x nodes) above which PyTorch's SDPA
 attends faster than our kernel (measured in docs/RESULTS.md, issue 15) and takes over."""
 

@@ -1,0 +1,64 @@
+"""Attention alone: our tree-attention kernel against PyTorch's SDPA with grouped heads.
+
+The measurement behind `oilbird.tree_attention.AVX2_MAX_ROWS` (where an AVX2 host hands large
+trees to SDPA): ms per layer call, fastest of `--repeats`, for SmolLM2's and Qwen2.5-0.5B's head
+shapes, a chain of N nodes over the cache under an additive float mask. Random tensors: the cost
+does not depend on the values. docs/RESULTS.md, issue 15, records its output.
+
+Usage:
+  .venv/bin/python scripts/attention_cost.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from oilbird.skinny_gemm import kernels, skinny_available
+
+SHAPES = {"smollm2 (9/3 heads, D 64), cache 512": (9, 3, 64, 512),
+          "qwen0.5b (14/2 heads, D 64), cache 2048": (14, 2, 64, 2048)}
+NODES = (1, 4, 8, 16, 64)
+
+
+def fastest_ms(fn, repeats: int) -> float:
+    """Milliseconds of the fastest of `repeats` calls after one warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=30)
+    args = p.parse_args()
+    ok, why = skinny_available()
+    if not ok:
+        raise SystemExit(f"our kernels cannot run here: {why}")
+    torch.set_num_threads(args.threads)
+    print("| model shape | " + " | ".join(f"N={n}" for n in NODES) + " |  (ours / SDPA, ms)")
+    print("| --- |" + " ---: |" * len(NODES))
+    for name, (hq, hkv, dim, cached) in SHAPES.items():
+        cells = []
+        for n in NODES:
+            s = cached + n
+            q = torch.randn(1, hq, n, dim)  # [B, H_q, N, D]
+            k, v = torch.randn(2, 1, hkv, s, dim)  # [B, H_kv, S, D] each
+            mask = torch.zeros(1, 1, n, s)  # [1, 1, N, S]: the chain's causal part over its own nodes
+            mask[..., cached:] = torch.triu(torch.full((n, n), torch.finfo(torch.float32).min), 1)
+            ours = fastest_ms(lambda: kernels().tree_attention(q, k, v, mask, dim ** -0.5), args.repeats)
+            sdpa = fastest_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2).contiguous(), args.repeats)
+            cells.append(f"{ours:.3f} / {sdpa:.3f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
