@@ -106,6 +106,15 @@ def test_cost_has_no_mode_option(capsys):
         main(["cost", "--budget-mode", "fixed"])
 
 
+@pytest.mark.parametrize("command", ["bench", "generate", "diagnose", "cost", "report", "table", "list",
+                                     "serve", "replay"])
+def test_every_command_prints_its_help(capsys, command):
+    # Option help comes from config docstrings; a literal "%" in one once crashed argparse here.
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0 and "usage: oilbird" in capsys.readouterr().out
+
+
 def test_console_script_exits_nonzero_without_traceback():
     proc = subprocess.run([sys.executable, "-m", "oilbird.cli", "bench", "--limit", "-3"],
                           capture_output=True, text=True)

@@ -75,10 +75,12 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = ""
         if kind not in (int, float, str, bool) or f.name in exclude:
             continue  # structured fields are set from code, not the command line
         default = f.default if f.default is not dataclasses.MISSING else None
+        # argparse expands %-formats in help text; a docstring's "20%" must stay literal.
+        text = f"{docs[f.name]} (default: {default})".replace("%", "%%")
         group.add_argument(
             _option(prefix, f.name), dest=f"{prefix}__{f.name}", default=None,
             type=parse_bool if kind is bool else kind, metavar=kind.__name__.upper(),
-            help=f"{docs[f.name]} (default: {default})",
+            help=text,
         )
 
 
