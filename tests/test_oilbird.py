@@ -391,6 +391,24 @@ def test_a_partial_prefill_gives_the_first_query_and_indexes_nothing():
     assert len(drafter.memories.get("B").store) == 0 and drafter.state("b1").query is not None
 
 
+def test_prompt_positions_a_prefix_cache_reused_are_not_indexed_twice():
+    drafter = new_drafter(sem_index_prompt=True)
+    serve(drafter, "a1", PROMPT, output(100), "A")
+    store = drafter.memories.get("A").store
+    held, ids = len(store), store.next_id
+    prompt = PROMPT + [9, 9, 2]  # shares PROMPT[:-1] with a1: 7 positions came from its prefill
+    drafter.start_request("a2", prompt, "A")
+    p = len(prompt) - 1
+    drafter.observe_prefill("a2", PrefillObservation(prompt[:-1], torch.zeros(p, 0), torch.zeros(p, 0),
+                                                     STATE.repeat(p, 1), reused=7))
+    assert len(store) == held + p - 7  # only the new positions, the anchor's record the newest
+    assert store.tokens[store.index_of(ids):] == prompt[8:]
+    drafter.start_request("a3", prompt, "A")
+    drafter.observe_prefill("a3", PrefillObservation(prompt[:-1], torch.zeros(p, 0), torch.zeros(p, 0),
+                                                     STATE.repeat(p, 1), reused=p))
+    assert len(store) == held + p - 7 + 1  # all reused: still the anchor's record (the first query's)
+
+
 def test_paid_semantic_nodes_are_counted_as_the_engine_verified_them():
     # An engine that prunes the proposal ('fit', vLLM's chain) renumbers the paid nodes; the
     # semantic source's paid count is of what was verified, not of what was proposed.

@@ -42,6 +42,7 @@ def test_an_observed_prefill_reuses_the_earlier_observation(verifier, api_bank_p
     assert obs.topk_ids.shape == full.topk_ids.shape and obs.hidden.shape == full.hidden.shape
     assert (obs.topk_ids[:, 0] == full.topk_ids[:, 0]).float().mean() > 0.99
     assert torch.allclose(obs.hidden, full.hidden, atol=1e-3)
+    assert (obs.reused, full.reused, old_obs.reused) == (shared, 0, 0)  # pools may skip the reused rows
     with pytest.raises(ValueError, match="observation"):
         verifier.prefill_observed(second, past=CachedPrefix(old.cache, shared))
 

@@ -30,7 +30,7 @@ logits nearly tie, which is why the harness audits outputs against an independen
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -84,17 +84,20 @@ class PrefillObservation:
     """[P, k] the logits of those ids."""
     hidden: torch.Tensor | None = None
     """[P, hidden] the asked-for layer's state at every prefilled position, or None when none was asked for."""
+    reused: int = 0
+    """Leading positions copied from an earlier request's prefill of the same tokens (a prefix
+    cache): that request's harvest already saw them, so a pool may skip them."""
 
     def head(self, n: int) -> "PrefillObservation":
         """The first `n` positions."""
         return PrefillObservation(self.tokens[:n], self.topk_ids[:n], self.topk_logits[:n],
-                                  None if self.hidden is None else self.hidden[:n])
+                                  None if self.hidden is None else self.hidden[:n], min(self.reused, n))
 
     def then(self, rest: "PrefillObservation") -> "PrefillObservation":
         """These positions followed by `rest`'s."""
         hidden = None if self.hidden is None else torch.cat([self.hidden, rest.hidden])
         return PrefillObservation(self.tokens + rest.tokens, torch.cat([self.topk_ids, rest.topk_ids]),
-                                  torch.cat([self.topk_logits, rest.topk_logits]), hidden)
+                                  torch.cat([self.topk_logits, rest.topk_logits]), hidden, self.reused)
 
 
 @dataclass
@@ -226,7 +229,7 @@ class TreeVerifier:
         anchor, prefix = int(prompt_ids[-1]), prompt_ids[:-1]
         k = self.config.top_k if topk else 0
         if done == len(prefix):
-            observation = (past.observation.head(done) if past is not None
+            observation = (replace(past.observation.head(done), reused=done) if past is not None
                            else PrefillObservation([], torch.zeros((0, k), dtype=torch.long), torch.zeros((0, k))))
             return KVState(cache=cache, length=done, anchor=anchor), observation
         ids = torch.tensor([prefix[done:]], device=self.device)  # [1, P - done]
@@ -244,7 +247,7 @@ class TreeVerifier:
             topk_logits = torch.zeros((n, 0), device=final.device)
         observation = PrefillObservation(list(prefix[done:]), topk_ids, topk_logits, self._hidden(out, hidden_layer))
         if past is not None:
-            observation = past.observation.head(done).then(observation)
+            observation = replace(past.observation.head(done).then(observation), reused=done)
         return KVState(cache=cache, length=len(prefix), anchor=anchor), observation
 
     def _harvest_head(self):

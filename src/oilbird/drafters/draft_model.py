@@ -178,18 +178,21 @@ class DraftModelDrafter(Drafter):
         return dict(self.state(request_id).stats)
 
     @torch.inference_mode()
-    def _read(self, state: DraftModelState, tokens: list[int]) -> torch.Tensor:
-        """Run the drafter over `tokens` after the request's cache; its logits after each of them.
+    def _read(self, state: DraftModelState, tokens: list[int], keep: int = 1) -> torch.Tensor:
+        """Run the drafter over `tokens` after the request's cache; its logits after the last `keep`.
+
+        Only the rows a draft reads go through the LM head: on a request's first read (the whole
+        prompt) the full [P, V] logits cost as much as the drafter's layers.
 
         Returns:
-            [len(tokens), V] logits, on the drafter's device (only what a draft needs is copied out).
+            [keep, V] logits, on the drafter's device (only what a draft needs is copied out).
         """
         device = next(self.model.parameters()).device
         out = self.model(input_ids=torch.tensor([tokens], device=device), past_key_values=state.cache,
-                         use_cache=True)
+                         use_cache=True, logits_to_keep=keep)
         state.cached += tokens
         state.stats["drafter_forwards"] += 1
-        return out.logits[0]  # [len(tokens), V]
+        return out.logits[0]  # [keep, V]
 
     @staticmethod
     def _choose(state: DraftModelState, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
@@ -257,7 +260,7 @@ class DraftModelDrafter(Drafter):
         while len(drafts) < k:
             proposal = pld_lookup(state.sequence + drafts, cfg.mla_ngram, 1, cfg.mla_tokens) or previous
             previous = proposal
-            rows = self._read(state, pending + proposal)[len(pending) - 1:]  # [len(proposal) + 1, V]; row i predicts proposal[i]
+            rows = self._read(state, pending + proposal, len(proposal) + 1)  # [len(proposal) + 1, V]; row i predicts proposal[i]
             m, bonus, row_qs = self._mla_accept(state, proposal, rows)
             self._crop(state, len(state.cached) - (len(proposal) - m))  # forget the rejected proposal tokens
             state.stats["mla_proposed"] += len(proposal)
