@@ -19,17 +19,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from oilbird.audit import Reference, compare
+
 
 def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line]
-
-
-def first_divergence(got: list[int], want: list[int]) -> int | None:
-    """The first position where the two differ (a shorter output diverges where it ends)."""
-    for i, (a, b) in enumerate(zip(got, want)):
-        if a != b:
-            return i
-    return None if len(got) == len(want) else min(len(got), len(want))
+    path = run / "records.jsonl"
+    if not path.is_file():
+        sys.exit(f"{path}: no such file (give the --out folder of an `oilbird bench` run)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path)
     parser.add_argument("reference", type=Path)
     args = parser.parse_args(argv)
-    want = {r["request_id"]: r["output_ids"] for r in records(args.reference) if r["method"] == "hf-greedy"}
+    # The records keep generate()'s ids but not its logit margins: a divergence prints without one.
+    want = {r["request_id"]: Reference(r["output_ids"], margins=[], wall_s=r["wall_s"])
+            for r in records(args.reference) if r["method"] == "hf-greedy"}
     rows: dict[str, list] = defaultdict(lambda: [0, 0, []])  # method -> [identical, total, divergences]
     for r in records(args.run):
         if r["method"] == "hf-greedy":
@@ -45,12 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         if r["request_id"] not in want:
             print(f"{r['request_id']}: no hf-greedy output in {args.reference}", file=sys.stderr)
             return 2
-        row = rows[r["method"]]
-        where = first_divergence(r["output_ids"], want[r["request_id"]])
-        row[0] += where is None
+        audit, row = compare(r["output_ids"], want[r["request_id"]]), rows[r["method"]]
+        row[0] += audit.lossless
         row[1] += 1
-        if where is not None:
-            row[2].append(f"{r['request_id']}@{where}")
+        if not audit.lossless:
+            row[2].append(f"{r['request_id']}@{audit.divergence}")
     for method, (same, total, diverged) in rows.items():
         print(f"{method}: {same}/{total} identical to generate()" + (f"; diverged: {', '.join(diverged)}" if diverged else ""))
     return 0 if all(same == total for same, total, _ in rows.values()) else 1
