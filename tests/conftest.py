@@ -26,6 +26,20 @@ def api_bank_prompts(smol):
     return [smol.encode_chat(list(r.messages)) for r in requests]
 
 
+def pytest_collection_modifyitems(items):
+    """Run the modules with the most `heavy(seconds)` first; a module's tests stay together and in order.
+
+    `make test` hands whole modules to two workers (pytest-xdist, --dist loadscope, so a module's
+    fixtures are built once); a long module that started last would leave the other worker idle
+    for its whole length. Keeping a module together also keeps its module-scoped fixtures from
+    being torn down and built again."""
+    weight: dict[str, float] = {}
+    for item in items:
+        marker = item.get_closest_marker("heavy")
+        weight[item.module.__name__] = weight.get(item.module.__name__, 0.0) + (marker.args[0] if marker else 0.0)
+    items.sort(key=lambda item: -weight[item.module.__name__])  # stable: order within a module kept
+
+
 E2E_MAX_NEW = 48
 
 

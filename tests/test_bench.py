@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from oilbird.bench import BenchConfig, run_bench
 
 
+@pytest.mark.heavy(75)
 def test_bench_runs_methods_side_by_side_and_audits(smol, tmp_path):
     config = BenchConfig(dataset="api-bank/level-1-api", limit=3, max_new_tokens=16,
                          methods="pld,hf-pld", warmup=1)
@@ -31,6 +34,7 @@ def test_bench_runs_methods_side_by_side_and_audits(smol, tmp_path):
     assert "| pld |" in summary["table"] and "3/3" in summary["table"]
 
 
+@pytest.mark.heavy(50)
 def test_each_method_runs_at_each_budget_against_one_ar_and_auto_stays_lossless(smol, tmp_path):
     from oilbird.budget import BudgetConfig
 
@@ -81,6 +85,7 @@ def test_ctrl_c_keeps_and_summarizes_the_requests_that_finished(smol, tmp_path, 
     assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
 
 
+@pytest.mark.heavy(40)
 def test_fly_rows_are_labeled_lossy_and_left_out_of_the_audit(smol, tmp_path):
     config = BenchConfig(dataset="api-bank/level-1-api", limit=2, max_new_tokens=16, warmup=0, budget="16",
                          methods="draft[model=self:4;k=6],draft+fly[model=self:4;k=6;fly_theta=0;fly_window=0]")
@@ -119,6 +124,7 @@ def test_answers_of_gradable_requests_are_graded_per_method(smol):
                                        methods="pld"), progress=False)["rows"][1]["graded"] == 0
 
 
+@pytest.mark.heavy(45)
 def test_a_sampled_run_replaces_the_audit_with_the_distribution_check(smol, tmp_path):
     import pytest
 

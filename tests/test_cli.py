@@ -84,6 +84,7 @@ def test_cost_measures_and_caches_the_forward_cost_curve(capsys, smol):
     assert again == out  # the second call reads the cached curve
 
 
+@pytest.mark.heavy(35)
 def test_bench_prints_its_cost_curve_and_records_its_kernels(capsys, smol, tmp_path):
     for kernels in (["--gemm", "default", "--attention", "sdpa"], []):
         out_dir = tmp_path / ("plain" if kernels else "fast")
@@ -195,6 +196,7 @@ def test_sigterm_stops_a_bench_run_like_ctrl_c(smol, tmp_path):
     assert "interrupted: summarized" in stdout and "| pld |" in stdout
 
 
+@pytest.mark.heavy(35)
 def test_bench_exits_3_after_writing_its_outputs_when_a_strict_method_diverges(capsys, smol, tmp_path, monkeypatch):
     import oilbird.bench as bench
 

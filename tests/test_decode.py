@@ -2,18 +2,20 @@
 
 import pytest
 
-from oilbird.audit import compare, greedy_reference
+from oilbird.audit import compare
 from oilbird.decode import DecodeConfig, decode
 from oilbird.drafters import make_drafter
 from oilbird.errors import PromptError
 from oilbird.verifier import TreeVerifier
 
-MAX_NEW = 48
+MAX_NEW = 48  # the length of the session's greedy references (E2E_MAX_NEW, tests/conftest.py)
 
 
-@pytest.fixture(scope="module")
-def references(smol, api_bank_prompts):
-    return [greedy_reference(smol.model, ids, MAX_NEW, smol.stop_ids) for ids in api_bank_prompts]
+@pytest.fixture
+def references(api_bank_references):
+    """transformers' greedy outputs for the 5 prompts, computed once per session."""
+    assert all(len(r.output_ids) <= MAX_NEW for r in api_bank_references)
+    return api_bank_references
 
 
 @pytest.mark.parametrize("method", ["ar", "pld"])

@@ -17,12 +17,14 @@ def attached(smol, **fields):
     return drafter
 
 
+@pytest.mark.heavy(60)
 def test_strict_draft_model_decoding_equals_greedy(serve_api_bank, smol):
     results, tau = serve_api_bank(attached(smol, k=6), node_budget=16)
     assert tau > 1.0  # the target's own first layers do predict some of its tokens
     assert all(r.drafter_stats["drafter_forwards"] > 0 and not r.lossy for r in results)
 
 
+@pytest.mark.heavy(75)
 def test_mla_draft_model_decoding_equals_greedy(serve_api_bank, smol):
     results, _ = serve_api_bank(attached(smol, k=6, mla=True), node_budget=16)
     assert sum(r.drafter_stats["mla_accepted"] for r in results) > 0

@@ -151,6 +151,7 @@ def test_drop_tenant_forgets_only_that_tenants_table():
     assert 60 in drafter.propose("b2", budget=20).tokens  # B kept its table
 
 
+@pytest.mark.heavy(35)
 def test_goose_output_equals_greedy_on_api_bank(serve_api_bank):
     """End to end on the real model: one drafter across 5 API-Bank requests, each output greedy."""
     results, tau = serve_api_bank(make_drafter("goose"), node_budget=64)

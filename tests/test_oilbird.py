@@ -132,6 +132,7 @@ def test_a_layer_the_model_lacks_is_a_clear_error(smol, api_bank_prompts):
 
 # --- end to end on the real model ----------------------------------------------------------
 
+@pytest.mark.heavy(35)
 @pytest.mark.parametrize("method", ["oilbird", "oilbird-pld", "oilbird-tr"])
 def test_output_equals_greedy_on_api_bank(serve_api_bank, method):
     """One drafter across 5 API-Bank requests on SmolLM2: every output is the greedy one."""

@@ -66,6 +66,7 @@ def test_take_matches_the_longest_common_prefix_and_never_the_anchor(verifier, a
         PrefixCacheConfig(min_match=0)
 
 
+@pytest.mark.heavy(40)
 @pytest.mark.parametrize("method", ["ar", "goose"])  # goose harvests the prefill
 def test_decoding_with_a_prefix_cache_equals_decoding_without(smol, verifier, api_bank_prompts, method):
     outputs = {}

@@ -254,8 +254,11 @@ def ar_samples(smol):
 
 # The draft model samples its chain (min(1, p/q)); with MLA that chain comes from the drafter's own
 # rejection-sampling walk over prompt lookup's proposals.
-@pytest.mark.parametrize("method", ["pld", "sam", "suffix", "tr", "goose", "oilbird", "oilbird-pld", "oilbird-tr",
-                                    "draft[model=self:8;k=3]", "draft[model=self:8;k=4;mla=true]"])
+@pytest.mark.parametrize("method", [
+    *(pytest.param(m, marks=pytest.mark.heavy(45)) for m in ("pld", "sam", "suffix", "tr", "goose", "oilbird",
+                                                             "oilbird-pld", "oilbird-tr")),
+    pytest.param("draft[model=self:8;k=3]", marks=pytest.mark.heavy(115)),
+    pytest.param("draft[model=self:8;k=4;mla=true]", marks=pytest.mark.heavy(175))])
 def test_each_methods_token_histograms_match_ar_sampling(smol, ar_samples, method):
     ar, ours = ar_samples, sample_outputs(smol, method, RUNS)
     assert len(set(ours)) > 3  # the prompt leaves room to sample: the test can see a bias

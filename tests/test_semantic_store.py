@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from oilbird.semantic_store import KeyMatrix, RejectedPool, TraceStore, normalize
+from oilbird.semantic_store import ANN_ROWS_PER_SEARCH, KeyMatrix, RejectedPool, TraceStore, normalize
 
 
 def basis(i: int, dim: int = 8) -> torch.Tensor:
@@ -60,6 +60,30 @@ def test_faiss_index_agrees_with_exact_search():
         assert exact.search(query, 1, 500)[1] == ann.search(query, 1, 500)[1]
     _, ids = ann.search(normalize(keys[499:500])[0], 3, before_id=499)
     assert 499 not in ids and len(ids) == 3  # invisible records are filtered out of FAISS answers
+
+
+def test_the_faiss_index_is_built_a_few_rows_per_search_and_the_rest_searched_exactly():
+    gen = torch.Generator().manual_seed(2)
+    n = 3 * ANN_ROWS_PER_SEARCH + 17
+    keys = normalize(torch.randn(n, 16, generator=gen))
+    exact, ann = TraceStore(16, index="exact"), TraceStore(16, index="faiss")
+    for store in (exact, ann):
+        store.add(list(range(n)), keys)
+    probe = n - 5  # a record the first search cannot have indexed yet
+    sims, ids = ann.search(keys[probe], 3, before_id=n)
+    assert ann.ann.n == ANN_ROWS_PER_SEARCH  # one search indexed one slice, not the whole store
+    assert ids[0] == probe and sims[0] == pytest.approx(1.0, abs=1e-3)  # found by the exact tail
+    assert ids == exact.search(keys[probe], 3, before_id=n)[1]
+    assert ann.search(keys[probe], 3, before_id=probe)[1][0] != probe  # visibility still holds
+    for _ in range(n):
+        ann.search(keys[0], 1, before_id=n)
+        if ann.ann.n == n:
+            break
+    assert ann.ann.n == n  # caught up
+    for q in range(0, n, 97):
+        assert ann.search(keys[q], 1, before_id=n)[1] == [q]
+    ann.add([0] * 3, keys[:3])  # new records: searched exactly until the next syncs index them
+    assert ann.search(keys[1], 1, before_id=n + 3)[1][0] in (1, n + 1)
 
 
 def test_rejected_pool_matches_the_anchor_token_and_the_watermark():

@@ -216,6 +216,7 @@ def test_max_rows_must_be_positive():
 
 # --- end to end on the real model (loads SmolLM2; slow) --------------------------------------
 
+@pytest.mark.heavy(40)
 def test_tr_output_equals_greedy_on_api_bank(serve_api_bank):
     # One instance (one table) across requests, as the benchmark serves them.
     _, tau = serve_api_bank(make_drafter("tr"), node_budget=81)

@@ -51,8 +51,8 @@ class SemanticConfig:
     """Records kept per tenant in the trace store; beyond it the oldest requests are evicted first."""
     sem_index: str = "auto"
     """Nearest-neighbor search: 'exact' (one matmul on the model's device), 'faiss' (HNSW, CPU) or 'auto' (FAISS on a CPU once the store holds sem_faiss_min_records)."""
-    sem_faiss_min_records: int = 50_000
-    """The exact/FAISS crossover for 'auto' (measured on a CPU: docs/RESULTS.md)."""
+    sem_faiss_min_records: int = 250_000
+    """The exact/FAISS crossover for 'auto': HNSW upkeep (1-4 ms per added record at width 576 on a 2-core AVX2 CPU, scripts/hnsw_build_cost.py) beats exact search (5-10 ms at 50k records) only in stores of a few hundred thousand (docs/RESULTS.md)."""
     sem_rejected_pool: bool = True
     """Keep and search the rejected-branch pool."""
     sem_rejected_capacity: int = 4096

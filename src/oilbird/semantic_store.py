@@ -13,7 +13,9 @@ Contract (pure data structures, independent of any drafter):
   another request's records intervene. Cap: `max_records`; an `add` that passes it evicts the
   oldest segments first (whole ones where a boundary allows), down to 90% of the cap. Exact cosine search
   is one matmul on the keys' device; past a size threshold a FAISS HNSW index answers instead
-  (CPU only).
+  (CPU only). The index is built a bounded number of rows per search (`ANN_ROWS_PER_SEARCH`),
+  never all at once inside one proposal; rows it does not hold yet are searched exactly and the
+  two answers merged, so a search is never worse than the exact one over the rows not indexed.
 - `RejectedPool`: one tenant's ring buffer of what verification rejected. Record: key = the state
   at a rejected node's parent, token = the rejected node's token, value = the continuation the
   model endorsed from that node in the same forward. It only answers queries whose anchor equals
@@ -36,114 +38,9 @@ from typing import Hashable
 import torch
 
 from oilbird.errors import ConfigError
+from oilbird.semantic_keys import ANN_ROWS_PER_SEARCH, KEY_DTYPES, HNSWIndex, KeyMatrix, normalize
 
-KEY_DTYPES = ("float16", "int8")
-
-
-def normalize(vectors: torch.Tensor) -> torch.Tensor:
-    """L2-normalize rows in float32, so cosine similarity becomes a dot product.
-
-    Args:
-        vectors: [n, d] (or [d]) states of any float dtype.
-
-    Returns:
-        The unit rows, float32, same shape.
-    """
-    vectors = vectors.float()
-    return vectors / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-
-
-class KeyMatrix:
-    """A growable [n, d] matrix of unit keys on one device, float16 or int8 + per-row scale.
-
-    Args:
-        dim: width d of a key.
-        device: where the keys live.
-        dtype: "float16" or "int8".
-
-    Raises:
-        ConfigError: for another dtype.
-    """
-
-    def __init__(self, dim: int, device: torch.device | str, dtype: str = "float16") -> None:
-        if dtype not in KEY_DTYPES:
-            raise ConfigError(f"key dtype must be one of {KEY_DTYPES}, got {dtype!r}")
-        self.dim, self.device, self.kind = dim, torch.device(device), dtype
-        self.n = 0
-        self._alloc(1024)
-
-    def _alloc(self, capacity: int) -> None:
-        torch_dtype = torch.float16 if self.kind == "float16" else torch.int8
-        keys = torch.zeros((capacity, self.dim), dtype=torch_dtype, device=self.device)  # [cap, d]
-        scales = torch.ones(capacity, dtype=torch.float32, device=self.device)  # [cap]
-        if self.n:
-            keys[: self.n] = self.keys[: self.n]
-            scales[: self.n] = self.scales[: self.n]
-        self.keys, self.scales = keys, scales
-
-    def append(self, unit: torch.Tensor) -> None:
-        """Append unit rows [m, d] (float32)."""
-        m = unit.shape[0]
-        if self.n + m > self.keys.shape[0]:
-            self._alloc(max(2 * self.keys.shape[0], self.n + m))
-        unit = unit.to(self.device)
-        if self.kind == "float16":
-            self.keys[self.n:self.n + m] = unit.half()
-        else:  # symmetric per-row int8: x ~= q * scale
-            scale = unit.abs().amax(dim=-1).clamp_min(1e-8) / 127.0  # [m]
-            self.keys[self.n:self.n + m] = (unit / scale[:, None]).round().to(torch.int8)
-            self.scales[self.n:self.n + m] = scale
-        self.n += m
-
-    def drop_front(self, m: int) -> None:
-        """Forget the first m rows."""
-        keep = self.n - m
-        self.keys[:keep] = self.keys[m:self.n].clone()
-        self.scales[:keep] = self.scales[m:self.n].clone()
-        self.n = keep
-
-    def scores(self, query: torch.Tensor, upto: int, chunk: int = 65536) -> torch.Tensor:
-        """Cosine similarity of the unit `query` [d] with rows [0, upto). Returns [upto] float32."""
-        if upto <= 0:
-            return torch.empty(0)
-        q = query.to(self.device, torch.float16)  # [d]
-        if self.kind == "float16":
-            return (self.keys[:upto] @ q).float()  # [upto]
-        # int8: dequantize chunk by chunk, so no [upto, d] float copy is ever held.
-        parts = [(self.keys[s:min(upto, s + chunk)].half() @ q).float() * self.scales[s:min(upto, s + chunk)]
-                 for s in range(0, upto, chunk)]
-        return torch.cat(parts)
-
-    def rows(self, start: int, stop: int) -> torch.Tensor:
-        """Rows [start, stop) as float32 [m, d] (dequantized)."""
-        rows = self.keys[start:stop].float()
-        return rows * self.scales[start:stop, None] if self.kind == "int8" else rows
-
-    def bytes_per_row(self) -> int:
-        return self.dim * self.keys.element_size() + (4 if self.kind == "int8" else 0)
-
-
-class _HNSW:
-    """A FAISS HNSW inner-product index over a KeyMatrix's rows, kept in step by `sync`."""
-
-    def __init__(self, dim: int, m: int = 32, ef_search: int = 64) -> None:
-        import faiss  # optional at import time; the dependency is installed with the package
-
-        self.index = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
-        self.index.hnsw.efSearch = ef_search
-        self.n = 0
-
-    def sync(self, keys: KeyMatrix) -> None:
-        if keys.n > self.n:
-            self.index.add(keys.rows(self.n, keys.n).cpu().numpy())
-            self.n = keys.n
-
-    def search(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        sims, ids = self.index.search(query.float().cpu().numpy()[None], k)  # [1, k] each
-        return torch.from_numpy(sims[0]), torch.from_numpy(ids[0])
-
-    def bytes(self, dim: int) -> int:
-        return self.n * (4 * dim + 2 * 32 * 4)  # float32 copy + level-0 links
+__all__ = ["ANN_ROWS_PER_SEARCH", "KEY_DTYPES", "KeyMatrix", "RejectedPool", "TraceStore", "normalize"]
 
 
 class TraceStore:
@@ -163,7 +60,7 @@ class TraceStore:
 
     def __init__(self, dim: int, device: torch.device | str = "cpu", dtype: str = "float16",
                  max_records: int = 1_000_000, index: str = "auto",
-                 faiss_min_records: int = 200_000) -> None:
+                 faiss_min_records: int = 250_000) -> None:
         if index not in ("exact", "faiss", "auto"):
             raise ConfigError(f"index must be 'exact', 'faiss' or 'auto', got {index!r}")
         self.keys = KeyMatrix(dim, device, dtype)
@@ -172,7 +69,7 @@ class TraceStore:
         self.owners: list[Hashable] = []  # the owner of each segment (a request id; None: anonymous)
         self.max_records = max_records
         self.index_mode, self.faiss_min_records = index, faiss_min_records
-        self.ann: _HNSW | None = None
+        self.ann: HNSWIndex | None = None
         self.evicted_records = 0
 
     def __len__(self) -> int:
@@ -247,7 +144,7 @@ class TraceStore:
         self.starts = [0] + [s - cut for s in self.starts[head + 1:]]  # the head may be cut mid-way
         self.owners = self.owners[head:]
         self.evicted_records += cut
-        self.ann = None  # HNSW cannot delete; rebuilt on the next search that wants it
+        self.ann = None  # HNSW cannot delete; rebuilt over the next searches that want it
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -284,15 +181,28 @@ class TraceStore:
             return [], []
         if self.uses_faiss():
             if self.ann is None:
-                self.ann = _HNSW(self.keys.dim)
-            self.ann.sync(self.keys)
-            hidden_after = len(self) - visible  # the newest records are not visible yet
-            sims, ids = self.ann.search(query, k + hidden_after)
-            keep = [(s, i) for s, i in zip(sims.tolist(), ids.tolist()) if 0 <= i < visible][:k]
-            return [s for s, _ in keep], [i for _, i in keep]
+                self.ann = HNSWIndex(self.keys.dim)
+            self.ann.sync(self.keys, ANN_ROWS_PER_SEARCH)
+            return self._ann_search(query, k, visible)
         scores = self.keys.scores(query, visible)  # [visible]
         top = scores.topk(min(k, visible))
         return top.values.tolist(), top.indices.tolist()
+
+    def _ann_search(self, query: torch.Tensor, k: int, visible: int) -> tuple[list[float], list[int]]:
+        """HNSW over the indexed rows merged with exact search over the visible rows not indexed yet."""
+        found: list[tuple[float, int]] = []
+        indexed = min(self.ann.n, visible)
+        if indexed > 0:
+            hidden_after = self.ann.n - indexed  # indexed rows the caller may not see yet
+            sims, ids = self.ann.search(query, k + hidden_after)
+            found = [(s, i) for s, i in zip(sims.tolist(), ids.tolist()) if 0 <= i < visible][:k]
+        if indexed < visible:
+            tail = self.keys.scores(query, visible, start=indexed)  # [visible - indexed]
+            top = tail.topk(min(k, visible - indexed))
+            found += [(s, indexed + i) for s, i in zip(top.values.tolist(), top.indices.tolist())]
+            found.sort(key=lambda pair: -pair[0])
+        found = found[:k]
+        return [s for s, _ in found], [i for _, i in found]
 
     def bytes_per_record(self) -> int:
         """Key bytes plus the token id (a Python int slot)."""

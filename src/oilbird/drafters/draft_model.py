@@ -144,8 +144,11 @@ class DraftModelDrafter(Drafter):
         if self._target is target:
             return
         spec = self.config.model
+        # The drafter runs the target's fast kernels too (LoadedModel.tree_model(): our skinny
+        # GEMM streams its weights once for the few rows a draft reads, where PyTorch's default
+        # GEMM costs several one-row forwards on a CPU); a draft's exact bits do not matter.
         if spec.startswith("self:"):
-            self.model = self_drafter(target.model, int(spec[5:]))
+            self.model = self_drafter(target.tree_model(), int(spec[5:]))
         else:
             from oilbird.models import load_model
 
@@ -154,7 +157,7 @@ class DraftModelDrafter(Drafter):
                 models[spec] = load_model(spec, device=str(target.device))
             loaded = models[spec]
             check_same_vocabulary(target.tokenizer, loaded.tokenizer, target.name, spec)
-            self.model = loaded.model
+            self.model = loaded.tree_model()
         self._target = target
 
     def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> DraftModelState:
