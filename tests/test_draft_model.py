@@ -5,7 +5,7 @@ import torch
 
 from oilbird.decode import DecodeConfig, decode
 from oilbird.drafters import make_drafter
-from oilbird.drafters.draft_model import DraftModelConfig, check_same_vocabulary
+from oilbird.drafters.draft_model import REUSE_MIN_MATCH, DraftModelConfig, check_same_vocabulary
 from oilbird.errors import ConfigError, ModelError
 from oilbird.fly import FlyConfig
 from oilbird.verifier import TreeVerifier
@@ -22,6 +22,9 @@ def test_strict_draft_model_decoding_equals_greedy(serve_api_bank, smol):
     results, tau = serve_api_bank(attached(smol, k=6), node_budget=16)
     assert tau > 1.0  # the target's own first layers do predict some of its tokens
     assert all(r.drafter_stats["drafter_forwards"] > 0 and not r.lossy for r in results)
+    # The API-Bank prompts share their beginnings: later requests take over the drafter's KV of them.
+    assert results[0].drafter_stats["prefix_reused"] == 0
+    assert all(r.drafter_stats["prefix_reused"] >= REUSE_MIN_MATCH for r in results[1:])
 
 
 @pytest.mark.heavy(75)
@@ -95,16 +98,37 @@ def test_bad_draft_configs_are_clear_errors(smol):
         make_drafter("draft", DraftModelConfig(model="self:2")).start_request("r", [1, 2])
 
 
-def test_a_request_drafts_the_same_whatever_was_served_before(smol, api_bank_prompts):
+@pytest.mark.parametrize("reuse", [False, True])
+def test_a_request_drafts_the_same_whatever_was_served_before(smol, api_bank_prompts, reuse):
     fresh = attached(smol, k=8)
     fresh.start_request("b", api_bank_prompts[2])
     expected = fresh.propose("b", 16).tokens
-    used = attached(smol, k=8)
+    used = attached(smol, k=8, reuse_prefix=reuse)
     used.start_request("a", api_bank_prompts[0])
     used.propose("a", 16)
     used.stop_request("a")
+    assert (used.tenant_bytes("default") > 0) == reuse  # a's cache is kept only to be reused
     used.start_request("b", api_bank_prompts[2])
-    assert used.state("b").cached == [] and used.propose("b", 16).tokens == expected
+    state = used.state("b")
+    if reuse:  # b took over a's reading of the prompt prefix they share, and reads only the rest
+        assert state.stats["prefix_reused"] >= REUSE_MIN_MATCH
+        assert state.cached == api_bank_prompts[2][:state.stats["prefix_reused"]]
+    else:
+        assert state.cached == [] and state.stats["prefix_reused"] == 0
+    assert used.propose("b", 16).tokens == expected
+    used.start_request("c", api_bank_prompts[2])  # b still holds the cache: c reads its prompt whole
+    assert used.state("c").cached == []
+
+
+def test_another_tenants_finished_request_is_never_reused(smol, api_bank_prompts):
+    drafter = attached(smol, k=8)
+    drafter.start_request("a", api_bank_prompts[0], tenant="alice")
+    drafter.propose("a", 16)
+    drafter.stop_request("a")
+    drafter.start_request("b", api_bank_prompts[0], tenant="bob")
+    assert drafter.state("b").cached == [] and drafter.state("b").stats["prefix_reused"] == 0
+    drafter.drop_tenant("alice")
+    assert drafter.tenant_bytes("alice") == 0
 
 
 def test_concurrent_requests_keep_their_own_caches(smol, api_bank_prompts):

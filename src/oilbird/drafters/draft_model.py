@@ -13,7 +13,11 @@ directory or hub id) and refuses one whose vocabulary differs from the target's,
 extra memory: a legitimate same-tokenizer drafter for fast tests). One model serves every
 request; each request keeps, in its state, the drafter's KV cache of what it has read, and each
 `propose` first re-reads whatever was committed since (cropping the cache back to the longest
-prefix it agrees with), then drafts.
+prefix it agrees with), then drafts. Like the verifier's prefix cache, the drafter keeps, per
+tenant, the KV of the tenant's last finished request (`reuse_prefix`); a new request whose prompt
+starts the same way takes it over, cropped to the shared prefix, and reads only the rest. The KV
+rows are the drafter's own reading of the same tokens, so drafts are unchanged up to
+floating-point summation order; only earlier, finished traffic of the same tenant is reused.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.pld import pld_lookup
 from oilbird.drafters.registry import register
 from oilbird.errors import ConfigError, ModelError
+from oilbird.prefix_cache import common_prefix
 from oilbird.sampling import Sampler, SamplingConfig, sample_walk, warped_probs
+from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
 
 SOURCE = "draft"
@@ -48,6 +54,8 @@ class DraftModelConfig:
     """MLA's prompt lookup: longest n-gram key."""
     mla_tokens: int = 6
     """MLA's prompt lookup: tokens per proposal."""
+    reuse_prefix: bool = True
+    """Start a request from the drafter's KV of its tenant's last finished request, cropped to the prompt prefix they share (at least `REUSE_MIN_MATCH` tokens); false: read every prompt whole."""
     sample: bool = True
     """At temperature > 0, sample the chain from the drafter's own distribution (the request's temperature, top-k and top-p) and let the verifier test it by min(1, p/q); False drafts the drafter's argmax, as at temperature 0."""
 
@@ -103,8 +111,28 @@ def check_same_vocabulary(target_tokenizer, drafter_tokenizer, target_name: str,
             "target's tokenizer (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b), or 'self:N'")
 
 
+REUSE_MIN_MATCH = 16
+"""Shortest shared prompt prefix worth taking over (the verifier's prefix cache uses the same)."""
+
+
 def _new_stats() -> dict:
-    return dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0)
+    return dict(drafter_forwards=0, mla_proposed=0, mla_accepted=0, prefix_reused=0)
+
+
+@dataclass
+class DrafterPrefix:
+    """One tenant's last finished request as the drafter read it, for the next request to take."""
+
+    tokens: list[int] = field(default_factory=list)
+    """The tokens whose KV `cache` holds, in order."""
+    cache: DynamicCache | None = None
+    """The finished request's drafter cache (None once a request has taken it)."""
+
+    def memory_bytes(self) -> int:
+        layers = getattr(self.cache, "layers", [])
+        return sum(t.numel() * t.element_size() for layer in layers
+                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                   if isinstance(t, torch.Tensor))
 
 
 @dataclass
@@ -139,6 +167,7 @@ class DraftModelDrafter(Drafter):
         super().__init__(config)
         self.model = None  # the drafter causal LM, set by attach()
         self._target = None
+        self.prefixes: TenantMap[DrafterPrefix] = TenantMap(DrafterPrefix)
 
     def attach(self, target, models: dict | None = None) -> None:
         if self._target is target:
@@ -167,6 +196,24 @@ class DraftModelDrafter(Drafter):
                               "before decoding (oilbird bench, generate and serve do)")
         state = super().start_request(request_id, prompt_ids, tenant)
         state.cache = DynamicCache(config=self.model.config)
+        kept = self.prefixes.peek(tenant) if self.config.reuse_prefix else None
+        if kept is not None and kept.cache is not None:
+            # Keep >= 1 prompt token to read: its logits draft the first token.
+            shared = min(common_prefix(kept.tokens, state.sequence), len(state.sequence) - 1)
+            if shared >= REUSE_MIN_MATCH:
+                state.cache, state.cached = kept.cache, kept.tokens  # taken over, not copied
+                kept.cache, kept.tokens = None, []
+                self._crop(state, shared)
+                state.agreed = shared
+                state.stats["prefix_reused"] = shared
+        return state
+
+    def stop_request(self, request_id: str) -> DraftModelState | None:
+        """Release the request; its drafter cache becomes its tenant's reusable prefix."""
+        state = super().stop_request(request_id)
+        if state is not None and self.config.reuse_prefix and state.cache is not None:
+            kept = self.prefixes.get(state.tenant)
+            kept.tokens, kept.cache = state.cached, state.cache
         return state
 
     def use_sampling(self, request_id: str, sampling: SamplingConfig) -> None:
