@@ -16,12 +16,11 @@ from oilbird.errors import ConfigError
 
 KEY_DTYPES = ("float16", "int8")
 ANN_ROWS_PER_SEARCH = 64
-"""Rows a search adds to the HNSW index at most. Adding a 576-wide row to an index of a few
-thousand costs ~0.3 ms on a 2-core AVX2 CPU (more as it grows), so indexing a 50k-record store at
-once stalled one proposal for 15 s or more; 64 rows cost ~20-30 ms per search until the index has
-caught up, and a tenant's store grows by far fewer records per search (~16 on the 100-request
-API-Bank stream). Rows not indexed yet are searched exactly (8.7 ms for 50k float16 rows).
-Measured by a timing of `HNSWIndex.sync` and `KeyMatrix.scores` on random unit rows."""
+"""Rows a search adds to the HNSW index at most, so no proposal builds the whole index. On a
+2-core AVX2 CPU at width 576 (`scripts/hnsw_build_cost.py`, docs/RESULTS.md): indexing 50,000
+rows at once took 28.8 s; adding 64 rows to that index 226 ms, the cost a search pays until the
+index has caught up; an exact search over the 50,000 rows, which covers the rows not indexed yet,
+5.2 ms. HNSW therefore pays only in stores far past 50,000 records (`sem_faiss_min_records`)."""
 
 
 def normalize(vectors: torch.Tensor) -> torch.Tensor:

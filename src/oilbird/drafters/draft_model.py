@@ -32,7 +32,7 @@ from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.pld import pld_lookup
 from oilbird.drafters.registry import register
 from oilbird.errors import ConfigError, ModelError
-from oilbird.prefix_cache import common_prefix
+from oilbird.prefix_cache import PrefixCacheConfig, common_prefix
 from oilbird.sampling import Sampler, SamplingConfig, sample_walk, warped_probs
 from oilbird.tenants import TenantMap
 from oilbird.tree import DraftTree
@@ -111,8 +111,8 @@ def check_same_vocabulary(target_tokenizer, drafter_tokenizer, target_name: str,
             "target's tokenizer (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b), or 'self:N'")
 
 
-REUSE_MIN_MATCH = 16
-"""Shortest shared prompt prefix worth taking over (the verifier's prefix cache uses the same)."""
+REUSE_MIN_MATCH = PrefixCacheConfig().min_match
+"""Shortest shared prompt prefix worth taking over: the verifier's prefix cache's default."""
 
 
 def _new_stats() -> dict:
