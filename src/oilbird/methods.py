@@ -155,7 +155,9 @@ def override(config, overrides: dict[str, str], label: str, prefix: str = ""):
         try:
             values[key] = kind(text)
         except (ValueError, ArgumentTypeError):
-            raise ConfigError(f"{label}[{prefix}{key}={text}]: expected {types[key].__name__}") from None
+            hint = " (true or false)" if types[key] is bool else ""
+            raise ConfigError(f"{label}[{prefix}{key}={text}]: expected {types[key].__name__}{hint}, "
+                              f"got {text!r}") from None
     try:
         return replace(config, **values)
     except (TypeError, ValueError) as err:
