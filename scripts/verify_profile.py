@@ -1,0 +1,75 @@
+"""Where a verification forward's time goes, by function, as the tree grows (cProfile).
+
+`TreeVerifier.verify` over a chain of N nodes on a cache of `--prefix` tokens, run `--repeats`
+times per N under cProfile; prints the functions with the most own time (ms per verify) at each N.
+Our kernels appear as built-in methods (`...linear`, `...tree_attention`); the rest is
+transformers' modules and PyTorch's element-wise ops. cProfile adds its own overhead to every
+Python call, so read the totals as upper bounds and the kernels' rows as the reliable part.
+
+Usage:
+  .venv/bin/python scripts/verify_profile.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+from oilbird.models import load_model
+from oilbird.tree import DraftTree
+from oilbird.verifier import TreeVerifier
+
+
+def profile_sizes(verifier, prefix: int, sizes: list[int], repeats: int) -> dict[int, dict[str, float]]:
+    """N -> {function: own ms per verify}; prints the profiled ms per verify."""
+    vocab = verifier.model.config.vocab_size
+    state = verifier.prefill([(7 * i + 3) % vocab for i in range(prefix + 1)])
+    anchor = state.anchor
+
+    def probe(n: int) -> None:
+        verifier.verify(state, DraftTree.chain(anchor, [(11 * i + 5) % vocab for i in range(n - 1)], "probe"))
+        state.cache.crop(-(state.length - prefix))
+        state.length, state.anchor = prefix, anchor
+
+    for n in sizes * 3:  # warm-up of every shape
+        probe(n)
+    result = {}
+    for n in sizes:
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.enable()
+        for _ in range(repeats):
+            probe(n)
+        profiler.disable()
+        print(f"N={n}: {(time.perf_counter() - start) / repeats * 1e3:.1f} ms per verify (profiled)")
+        stats = pstats.Stats(profiler).stats
+        result[n] = {f"{f.split('/')[-1]}:{name}": s[2] / repeats * 1e3 for (f, _, name), s in stats.items()}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prefix", type=int, default=512)
+    parser.add_argument("--sizes", default="1,8,16")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    with torch.inference_mode():
+        own = profile_sizes(TreeVerifier(loaded.tree_model(), loaded.stop_ids), args.prefix, sizes, args.repeats)
+    print(f"\n| function (own ms per verify) | " + " | ".join(f"N={n}" for n in sizes) + " |")
+    print("| --- | " + " | ".join("---:" for _ in sizes) + " |")
+    for key in sorted(own[sizes[-1]], key=lambda k: -own[sizes[-1]][k])[:args.top]:
+        print(f"| `{key[:70]}` | " + " | ".join(f"{own[n].get(key, 0.0):.2f}" for n in sizes) + " |")
+
+
+if __name__ == "__main__":
+    main()
