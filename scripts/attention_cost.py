@@ -1,7 +1,7 @@
-"""Attention alone: our tree-attention kernel against PyTorch's SDPA with grouped heads.
+"""Attention alone: our two tree-attention kernels against PyTorch's SDPA with grouped heads.
 
-The measurement behind `oilbird.tree_attention.AVX2_MAX_ROWS` (where an AVX2 host hands large
-trees to SDPA): ms per layer call, fastest of `--repeats`, for SmolLM2's and Qwen2.5-0.5B's head
+The measurement behind which kernel a build runs (csrc/tree_attention.cpp: two-pass on AVX2,
+online on AVX-512) and behind giving trees of every size to it: ms per layer call, fastest of `--repeats`, for SmolLM2's and Qwen2.5-0.5B's head
 shapes, a chain of N nodes over the cache under an additive float mask. Random tensors: the cost
 does not depend on the values. docs/RESULTS.md, issue 15, records its output.
 
@@ -43,7 +43,7 @@ def main() -> None:
     if not ok:
         raise SystemExit(f"our kernels cannot run here: {why}")
     torch.set_num_threads(args.threads)
-    print("| model shape | " + " | ".join(f"N={n}" for n in NODES) + " |  (ours / SDPA, ms)")
+    print("| model shape | " + " | ".join(f"N={n}" for n in NODES) + " |  (two-pass / online / SDPA, ms)")
     print("| --- |" + " ---: |" * len(NODES))
     for name, (hq, hkv, dim, cached) in SHAPES.items():
         cells = []
@@ -53,10 +53,11 @@ def main() -> None:
             k, v = torch.randn(2, 1, hkv, s, dim)  # [B, H_kv, S, D] each
             mask = torch.zeros(1, 1, n, s)  # [1, 1, N, S]: the chain's causal part over its own nodes
             mask[..., cached:] = torch.triu(torch.full((n, n), torch.finfo(torch.float32).min), 1)
-            ours = fastest_ms(lambda: kernels().tree_attention(q, k, v, mask, dim ** -0.5), args.repeats)
+            two = fastest_ms(lambda: kernels().tree_attention(q, k, v, mask, dim ** -0.5, "two-pass"), args.repeats)
+            online = fastest_ms(lambda: kernels().tree_attention(q, k, v, mask, dim ** -0.5, "online"), args.repeats)
             sdpa = fastest_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2).contiguous(), args.repeats)
-            cells.append(f"{ours:.3f} / {sdpa:.3f}")
+            cells.append(f"{two:.3f} / {online:.3f} / {sdpa:.3f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

@@ -87,9 +87,11 @@ def test_the_skinny_kernel_leaves_what_it_does_not_cover_to_sdpa():
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
-@pytest.mark.parametrize("kv_heads,groups,nodes,dim", [(2, 7, 40, 64), (3, 3, 64, 64), (1, 2, 33, 128)])
-def test_the_kernel_itself_is_exact_on_large_trees(kv_heads, groups, nodes, dim):
-    """The C++ kernel, called directly: large trees, which an AVX2 host hands to SDPA."""
+@pytest.mark.parametrize("kernel", ["two-pass", "online"])
+@pytest.mark.parametrize("kv_heads,groups,nodes,dim", [(2, 7, 40, 64), (3, 3, 64, 64), (1, 2, 33, 128),
+                                                       (3, 3, 1, 64)])
+def test_both_kernels_are_exact_on_trees_of_any_size(kernel, kv_heads, groups, nodes, dim):
+    """The C++ kernels, called directly: one node to large trees, row tiles that do not divide them."""
     from oilbird.skinny_gemm import kernels
 
     g = torch.Generator().manual_seed(nodes)
@@ -101,22 +103,30 @@ def test_the_kernel_itself_is_exact_on_large_trees(kv_heads, groups, nodes, dim)
     query = torch.randn(1, kv_heads * groups, n, dim, generator=g)
     key, value = torch.randn(2, 1, kv_heads, cached + n, dim, generator=g)
     mask = tree.attention_mask(cached, torch.float32)
-    ours = kernels().tree_attention(query, key, value, mask, dim ** -0.5)
+    ours = kernels().tree_attention(query, key, value, mask, dim ** -0.5, kernel)
     ref, _ = sdpa_attention_forward(Attn(groups), query, key, value, mask, scaling=dim ** -0.5)
     assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
-def test_on_avx2_large_trees_go_to_sdpa_and_small_ones_to_the_kernel():
-    from oilbird.skinny_gemm import isa
-    from oilbird.tree_attention import AVX2_MAX_ROWS
+def test_an_unknown_kernel_name_is_refused():
+    from oilbird.skinny_gemm import kernels
 
+    q, k, v = torch.randn(3, 1, 2, 1, 64)
+    with pytest.raises(RuntimeError, match="unknown kernel 'flash'"):
+        kernels().tree_attention(q, k, v, None, 0.125, "flash")
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+def test_one_token_steps_go_to_the_kernel_and_the_prefill_to_sdpa():
     g = torch.Generator().manual_seed(5)
     module = Attn(3)
-    for nodes in (AVX2_MAX_ROWS // 3, AVX2_MAX_ROWS // 3 + 1):
-        query = torch.randn(1, 9, nodes, 64, generator=g)
-        key, value = torch.randn(2, 1, 3, 50 + nodes, 64, generator=g)
-        mask = torch.zeros(1, 1, nodes, 50 + nodes)
-        ours, _ = skinny_tree_attention(module, query, key, value, mask)
-        sdpa = torch.equal(ours, tree_attention(module, query, key, value, mask)[0])
-        assert sdpa == (isa() == "AVX2" and nodes * 3 > AVX2_MAX_ROWS)
+    key, value = torch.randn(2, 1, 3, 83, 64, generator=g)
+    step = torch.randn(1, 9, 1, 64, generator=g)  # one token, no mask: attends every cached key
+    ours, _ = skinny_tree_attention(module, step, key, value, None)
+    ref, _ = sdpa_attention_forward(module, step, key, value, None)
+    assert not torch.equal(ours, ref)  # summed in another order: the kernel ran
+    assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
+    prefill = torch.randn(1, 9, 83, 64, generator=g)  # no mask over many tokens means causal
+    ours, _ = skinny_tree_attention(module, prefill, key, value, None)
+    assert torch.equal(ours, sdpa_attention_forward(module, prefill, key, value, None)[0])

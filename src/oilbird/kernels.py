@@ -114,9 +114,7 @@ def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype
 def resolve_attention(config: ForwardConfig, model: torch.nn.Module) -> str:
     """The attention `model` gets: 'skinny', 'tree' or 'sdpa'.
 
-    'auto' takes our kernel where it runs (on an AVX2 CPU it hands trees of more than
-    `AVX2_MAX_ROWS` query rows per key/value head to PyTorch's SDPA, faster there; see
-    oilbird/tree_attention.py).
+    'auto' takes our kernel where it runs (see oilbird/tree_attention.py).
 
     Raises:
         ValueError: if 'skinny' is asked for where it cannot run, saying why.

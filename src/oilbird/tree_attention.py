@@ -11,13 +11,14 @@ key/value head for its query group in place, mask or no mask. On the CPU kernels
 bit-identical to the copying path (tests/test_tree_attention.py checks it). Forwards without a
 mask (prefill, autoregressive steps) go to transformers' own SDPA function unchanged.
 
-`skinny_tree_attention` computes the same on our kernel (oilbird/csrc/tree_attention.cpp, AVX-512
-or AVX2): one pass of online-softmax attention per tile of query rows, every query head of a
-group reading its key/value head in place. On an AVX-512 host it cut attention at 16-64 nodes by
-a third to a half against PyTorch's CPU SDPA; on an AVX2 host it is faster up to about 48 query
-rows per key/value head (16 SmolLM2 nodes, 6 of Qwen's) and SDPA beyond, so there larger trees go
-to SDPA (`AVX2_MAX_ROWS`; docs/RESULTS.md). Exact up to rounding (it sums in another order),
-float32 on a CPU, head_dim 64 or 128; anything else goes to SDPA as above.
+`skinny_tree_attention` computes the same on our kernels (oilbird/csrc/tree_attention*.{cpp,h}):
+every query head of a group reads its key/value head in place. On an AVX2 host it is two-pass
+attention per tile of query rows (scores of 3 rows x 4 cached keys per step, a plain softmax,
+then the values), faster than PyTorch's CPU SDPA at every size measured, one-token steps
+included (about 2x at 1-8 nodes, 1.2-1.4x at 64; docs/RESULTS.md, issue 15); on an AVX-512 host
+it is online-softmax attention on 16-lane registers. One-token steps (no mask) use it too. Exact
+up to rounding (it sums in another order), float32 on a CPU, head_dim 64 or 128; anything else
+goes to SDPA as above.
 
 The functions are registered under `TREE_ATTENTION` and `SKINNY_ATTENTION` through transformers'
 `AttentionInterface` (and SDPA's mask builder under the same names through
@@ -34,7 +35,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from oilbird.errors import ModelError
-from oilbird.skinny_gemm import isa, kernels
+from oilbird.skinny_gemm import kernels
 
 TREE_ATTENTION = "oilbird_tree"
 """The attention implementation name models are switched to (`model.set_attn_implementation`)."""
@@ -72,9 +73,6 @@ SKINNY_ATTENTION = "oilbird_skinny"
 """The name of the skinny-kernel variant (`skinny_tree_attention`)."""
 SKINNY_HEAD_DIMS = (64, 128)
 """Head dims the skinny kernel supports."""
-AVX2_MAX_ROWS = 48
-"""On an AVX2 CPU, query rows per key/value head (group size x nodes) above which PyTorch's SDPA
-attends faster than our kernel (measured in docs/RESULTS.md, issue 15) and takes over."""
 
 
 def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -85,12 +83,12 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
 
     Args and Returns: as `tree_attention`.
     """
-    if (attention_mask is None or query.shape[2] == 1 or query.shape[0] != 1 or dropout
+    # Without a mask a forward of several tokens is causal (the prefill): SDPA's job.
+    if ((attention_mask is None and query.shape[2] > 1) or query.shape[0] != 1 or dropout
             or query.dtype != torch.float32 or query.device.type != "cpu"
-            or query.shape[-1] not in SKINNY_HEAD_DIMS or kwargs.get("s_aux") is not None
-            or (isa() == "AVX2" and query.shape[1] // key.shape[1] * query.shape[2] > AVX2_MAX_ROWS)):
+            or query.shape[-1] not in SKINNY_HEAD_DIMS or kwargs.get("s_aux") is not None):
         return tree_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    if attention_mask.dtype == torch.bool:  # True = attend
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # True = attend
         attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill_(
             ~attention_mask, torch.finfo(query.dtype).min)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
