@@ -52,7 +52,7 @@ def fastest(fn, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def gemm_table(model, copies: int, repeats: int) -> dict:
+def gemm_table(model, copies: int, repeats: int, rows_list=ROWS) -> dict:
     """ms per linear shape and row count: default, oneDNN-packed and skinny (None where it cannot build)."""
     shapes = sorted({(m.in_features, m.out_features) for m in model.modules()
                      if isinstance(m, torch.nn.Linear)}, key=lambda s: -s[0] * s[1])
@@ -61,7 +61,7 @@ def gemm_table(model, copies: int, repeats: int) -> dict:
         linears = [torch.nn.Linear(inp, out, bias=False) for _ in range(copies)]
         packed = [PackedLinear(lin) for lin in linears]
         skinny = [SkinnyLinear(lin) for lin in linears] if skinny_available()[0] else None
-        for rows in ROWS:
+        for rows in rows_list:
             x = torch.randn(rows, inp)
             default = fastest(lambda: [lin(x) for lin in linears], repeats) / copies
             onednn = fastest(lambda: [p(x) for p in packed], repeats) / copies
@@ -86,22 +86,28 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--copies", type=int, default=8, help="distinct weight matrices per GEMM timing")
     p.add_argument("--skip-gemm", action="store_true", help="only the forward table")
+    p.add_argument("--skip-forward", action="store_true", help="only the GEMM table")
+    p.add_argument("--rows", default=",".join(map(str, ROWS)),
+                   help="row counts of the GEMM table (e.g. add 256 for a prefill's)")
     p.add_argument("--out", default=None, help="write both tables as JSON here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, log=lambda m: None)
     record = dict(model=args.model, prefix=args.prefix, threads=args.threads, torch=torch.__version__)
     if not args.skip_gemm:
-        record["gemm"] = gemm_table(loaded.model, args.copies, args.repeats)
+        rows = [int(r) for r in args.rows.split(",")]
+        record["gemm"] = gemm_table(loaded.model, args.copies, args.repeats, rows)
         print(f"GEMM ms per call, {args.threads} threads: default (PyTorch's F.linear) / oneDNN (packed "
               "weights) / skinny (ours)\n")
-        print("| shape (in->out) | " + " | ".join(f"{r} rows" for r in ROWS) + " |")
-        print("| --- |" + " ---: |" * len(ROWS))
+        print("| shape (in->out) | " + " | ".join(f"{r} rows" for r in rows) + " |")
+        print("| --- |" + " ---: |" * len(rows))
         for shape in dict.fromkeys(k.split("|")[0] for k in record["gemm"]):
-            cells = [record["gemm"][f"{shape}|{r}"] for r in ROWS]
+            cells = [record["gemm"][f"{shape}|{r}"] for r in rows]
             print(f"| {shape} | " + " | ".join(
                 f"{c['default_ms']:.3f} / {c['onednn_ms']:.3f} / " + ("–" if c["skinny_ms"] is None else f"{c['skinny_ms']:.3f}")
                 for c in cells) + " |")
+    if args.skip_forward:
+        return save(record, args.out)
     print(f"\nverification forward, ms (x the 1-node forward of the same kernels), cache {args.prefix}, "
           f"{args.threads} threads, {args.model}\n")
     print("| kernels | " + " | ".join(f"N={n}" for n in ROWS) + " |")
@@ -117,9 +123,14 @@ def main() -> None:
         record["forward"][name] = {str(n): s for n, s in curve.items()}
         print(f"| {name} | " + " | ".join(f"{1e3 * curve[n]:.1f} ({curve[n] / curve[1]:.2f})" for n in ROWS) + " |",
               flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1))
+    save(record, args.out)
+
+
+def save(record: dict, out: str | None) -> None:
+    """Write the tables as JSON to `out`, when given."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":
