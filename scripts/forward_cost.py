@@ -78,6 +78,17 @@ def forward_curve(loaded, model, prefix: int, repeats: int) -> dict[int, float]:
                               fit_monotone=False).points  # raw: a kernel's real dips show
 
 
+def row_counts(text: str) -> list[int]:
+    """'1,16,64' -> [1, 16, 64]; argparse reports anything else as a usage error."""
+    try:
+        rows = [int(r) for r in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if any(r < 1 for r in rows):
+        raise argparse.ArgumentTypeError(f"row counts must be at least 1, got {text!r}")
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -87,15 +98,15 @@ def main() -> None:
     p.add_argument("--copies", type=int, default=8, help="distinct weight matrices per GEMM timing")
     p.add_argument("--skip-gemm", action="store_true", help="only the forward table")
     p.add_argument("--skip-forward", action="store_true", help="only the GEMM table")
-    p.add_argument("--rows", default=",".join(map(str, ROWS)),
-                   help="row counts of the GEMM table (e.g. add 256 for a prefill's)")
+    p.add_argument("--rows", default=ROWS, type=row_counts,
+                   help="comma-separated row counts of the GEMM table (e.g. 1,16,64,256)")
     p.add_argument("--out", default=None, help="write both tables as JSON here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, log=lambda m: None)
     record = dict(model=args.model, prefix=args.prefix, threads=args.threads, torch=torch.__version__)
     if not args.skip_gemm:
-        rows = [int(r) for r in args.rows.split(",")]
+        rows = args.rows
         record["gemm"] = gemm_table(loaded.model, args.copies, args.repeats, rows)
         print(f"GEMM ms per call, {args.threads} threads: default (PyTorch's F.linear) / oneDNN (packed "
               "weights) / skinny (ours)\n")

@@ -14,11 +14,11 @@ mask (prefill, autoregressive steps) go to transformers' own SDPA function uncha
 `skinny_tree_attention` computes the same on our kernels (oilbird/csrc/tree_attention*.{cpp,h}):
 every query head of a group reads its key/value head in place. On an AVX2 host it is two-pass
 attention per tile of query rows (scores of 3 rows x 4 cached keys per step, a plain softmax,
-then the values), faster than PyTorch's CPU SDPA at every size measured, one-token steps
-included (about 2x at 1-8 nodes, 1.2-1.4x at 64; docs/RESULTS.md, issue 15); on an AVX-512 host
-it is online-softmax attention on 16-lane registers. One-token steps (no mask) use it too. Exact
-up to rounding (it sums in another order), float32 on a CPU, head_dim 64 or 128; anything else
-goes to SDPA as above.
+then the values), as fast as PyTorch's CPU SDPA or faster at every size measured, one-token
+steps included (1.4-3.3x at 1-8 nodes, 1.0-1.2x at 64, one or two threads; docs/RESULTS.md,
+issue 15); on an AVX-512 host it is online-softmax attention on 16-lane registers. One-token
+steps (no mask) use it too. Exact up to rounding (it sums in another order), float32 on a CPU,
+head_dim 64 or 128; anything else goes to SDPA as above.
 
 The functions are registered under `TREE_ATTENTION` and `SKINNY_ATTENTION` through transformers'
 `AttentionInterface` (and SDPA's mask builder under the same names through
