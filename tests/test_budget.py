@@ -162,3 +162,38 @@ def test_a_measured_dip_is_pooled_away_and_a_monotone_curve_kept():
     assert values == sorted(values)  # never cheaper with more nodes
     assert noisy[1] == noisy[8] == (23.0 + 21.5 + 22.0 + 21.2) / 4  # the dip pooled with its violators
     assert noisy[12] == noisy[16] == (31.0 + 25.2) / 2 and noisy[24] == 35.4
+
+
+def test_a_curve_moves_when_its_shape_does_not_when_the_host_is_uniformly_slower():
+    from oilbird.budget import moved_sizes
+
+    cached = {1: 0.040, 8: 0.049, 16: 0.052, 64: 0.157}  # run f's shape: 1.22, 1.31, 3.93
+    assert moved_sizes(cached, {n: 1.3 * t for n, t in cached.items()}, 0.25) == []  # slower, same shape
+    stale = {1: 0.051, 8: 0.067, 16: 0.104, 64: 0.205}  # run g's hour: 1.31, 2.04, 4.03
+    assert moved_sizes(cached, stale, 0.25) == [16]
+    assert moved_sizes(cached, stale, 0.05) == [8, 16]
+    assert moved_sizes(cached, {1: 0.04, 16: 0.052}, 0.25) == []  # only the sizes timed are compared
+
+
+def test_a_stale_cached_curve_is_measured_again_and_a_kept_one_is_not_rechecked(smol, tmp_path):
+    """A cached curve whose shape no longer matches the model's forwards (here: a doctored entry
+    claiming 64 nodes cost what one does) is found by the recheck and replaced; with the recheck
+    off it is used as stored."""
+    from oilbird.budget import BudgetConfig, host_cpu, load_or_measure
+    from oilbird.verifier import TreeVerifier, VerifierConfig
+
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids, VerifierConfig())
+    config = BudgetConfig(grid="1,8,64", cost_prefix=16)
+    key = load_or_measure(smol, verifier, config, tmp_path).key
+    assert f"|cpu={host_cpu()}|" in key  # a cache carried to another processor is not reused
+    cache = tmp_path / "cost-curves.json"
+    flat = {key: {"key": key, "points": {"1": 0.01, "8": 0.01, "64": 0.01}}}
+    cache.write_text(json.dumps(flat))
+    kept = load_or_measure(smol, verifier, BudgetConfig(grid="1,8,64", cost_prefix=16, recheck=False), tmp_path)
+    assert kept.points == {1: 0.01, 8: 0.01, 64: 0.01}
+    messages: list[str] = []
+    fresh = load_or_measure(smol, verifier, config, tmp_path, log=messages.append)
+    assert fresh.points[64] > 1.5 * fresh.points[1]  # a 64-node forward costs more than one token
+    assert any("no longer holds at" in m and "64" in m for m in messages)
+    assert json.loads(cache.read_text())[key]["points"] == {str(n): t for n, t in fresh.points.items()}
+

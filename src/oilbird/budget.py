@@ -6,8 +6,9 @@ on the machine as much as on the drafter.
 
 - `CostCurve` is the measured time of one verification (`TreeVerifier.verify`, the call decoding
   makes: mask, forward, walk, compaction) against N for one model, verifier and device; N = 1 is
-  the real autoregressive step. Cached on disk keyed by model, device, thread count, cache
-  length, the verifier's options and library versions: measured once.
+  the real autoregressive step. Cached on disk keyed by model, device, processor, thread count,
+  cache length, the verifier's options and library versions: measured once, then rechecked at
+  each use with a few timed forwards and measured again when its shape has moved.
 - `AdaptiveBudget` estimates, online, the committed tokens E(B) and the forward seconds T(B) per
   forward for each candidate budget B, and picks argmax E(B) / T(B). Its estimator rests on one
   property of our trees: nodes are added in priority order and parents precede children, so the
@@ -23,6 +24,7 @@ on the machine as much as on the drafter.
 from __future__ import annotations
 
 import json
+import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,12 @@ class BudgetConfig:
     """Per-forward decay of past observations (1.0 = never forget)."""
     cost_prefix: int = 512
     """Cache length at which the cost curve is measured."""
+    recheck: bool = True
+    """Before using a cached cost curve, time a few forwards (about a second on SmolLM2) and measure
+    the curve again if its shape has moved: a shared host's cost curve changes with the hour."""
+    recheck_tolerance: float = 0.25
+    """How far (as a fraction) a rechecked size's cost relative to the one-node step may move
+    before the cached curve counts as stale."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("fixed", "auto"):
@@ -56,6 +64,8 @@ class BudgetConfig:
             raise ValueError(f"grid must list positive budgets, got {self.grid!r}")
         if self.explore_every < 1 or not 0 < self.decay <= 1:
             raise ValueError("explore_every must be >= 1 and decay in (0, 1]")
+        if self.recheck_tolerance <= 0:
+            raise ValueError(f"recheck_tolerance must be > 0, got {self.recheck_tolerance}")
 
     def sizes(self) -> list[int]:
         return sorted({int(x) for x in self.grid.split(",") if x.strip() and int(x) > 0})
@@ -121,6 +131,16 @@ def measure_cost_curve(verifier, sizes: list[int], prefix_len: int = 512, repeat
     Returns:
         The curve: N -> seconds per verification forward.
     """
+    fastest = probe_times(verifier, sizes, prefix_len, repeats)
+    return CostCurve(points=monotone(fastest) if fit_monotone else fastest, key=key)
+
+
+@torch.inference_mode()
+def probe_times(verifier, sizes: list[int], prefix_len: int, repeats: int) -> dict[int, float]:
+    """The fastest of `repeats` timed `verifier.verify` calls on an N-node chain, per N in `sizes`.
+
+    Runs over a cache of `prefix_len` tokens, restored after each probe; see `measure_cost_curve`.
+    """
     vocab = verifier.model.config.vocab_size
     prompt = [(7 * i + 3) % vocab for i in range(prefix_len + 1)]
     state = verifier.prefill(prompt)
@@ -150,8 +170,7 @@ def measure_cost_curve(verifier, sizes: list[int], prefix_len: int = 512, repeat
                 times[n].append(elapsed)
     # The fastest run, not the median: another process sharing the cores only ever adds time,
     # and a curve measured under load would otherwise keep that load's bumps.
-    fastest = {n: min(t) for n, t in times.items()}
-    return CostCurve(points=monotone(fastest) if fit_monotone else fastest, key=key)
+    return {n: min(t) for n, t in times.items()}
 
 
 def monotone(points: dict[int, float]) -> dict[int, float]:
@@ -184,25 +203,76 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
         kernels += f"@{source_key()}"
     options = (f"verify:top_k={verifier.config.top_k},kernels={kernels},"
                f"fly={verifier.fly is not None and verifier.fly.entropy}")
-    return (f"{Path(loaded.source).name}|{loaded.device}|threads={threads}|prefix={prefix_len}|min,warm,rr,mono"
+    return (f"{Path(loaded.source).name}|{loaded.device}|cpu={host_cpu()}|threads={threads}|prefix={prefix_len}"
+            f"|min,warm,rr,mono"
             f"|{options}|torch={torch.__version__}|transformers={transformers.__version__}")
+
+
+RECHECK_SIZES = (8, 16, 64)  # besides the smallest: where budgets are chosen and curves bend
+
+
+def moved_sizes(cached: dict[int, float], fresh: dict[int, float], tolerance: float) -> list[int]:
+    """Sizes whose cost relative to the smallest size moved by more than `tolerance` (a fraction).
+
+    Only the shape matters to a budget (it maximizes tokens per second, and a host that is slower
+    at every size alike picks the same budget), so each curve is divided by its own smallest size.
+
+    Args:
+        cached: N -> seconds of the stored curve.
+        fresh: N -> seconds just timed, at sizes the stored curve holds (the smallest included).
+
+    Returns:
+        The sizes that moved, smallest first (empty: the stored curve still holds).
+    """
+    base = min(fresh)
+    return [n for n in sorted(fresh) if n != base
+            and abs((fresh[n] / fresh[base]) / (cached[n] / cached[base]) - 1) > tolerance]
+
+
+def host_cpu() -> str:
+    """The processor, as far as costs go: family, model and widest vector ISA ('x86_64/25.17/avx512').
+
+    Part of the cost-curve key, so a cache carried to another machine is not reused there (two
+    hosts that both call themselves 'AMD EPYC' may differ by a generation and by AVX-512).
+    """
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+    except OSError:  # not Linux: the platform's own description
+        return platform.machine() + "/" + (platform.processor() or "unknown")
+    flags = fields.get("flags", "").split()
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "base"
+    return f"{platform.machine()}/{fields.get('cpu family', '?')}.{fields.get('model', '?')}/{isa}"
 
 
 def load_or_measure(loaded, verifier, config: BudgetConfig, cache_dir: Path, log=lambda m: None) -> CostCurve:
     """The cached cost curve of `verifier` over `loaded` on this device, measured on first use.
 
+    A cached curve is rechecked first (`BudgetConfig.recheck`): a few sizes are timed again and,
+    when the curve's shape has moved beyond `recheck_tolerance`, every size is measured anew.
+
     Args:
         loaded: the target (`LoadedModel`): names the model file and device in the key.
         verifier: the `TreeVerifier` the method decodes with (see `measure_cost_curve`).
-        config: the candidate sizes (`grid`) and the cache length (`cost_prefix`).
+        config: the candidate sizes (`grid`), the cache length (`cost_prefix`), the recheck.
         cache_dir: where `cost-curves.json` lives.
-        log: receives a message when a measurement starts.
+        log: receives a message when a measurement starts or a cached curve is found stale.
     """
     key = cost_curve_key(loaded, verifier, config.cost_prefix)
     path = cache_dir / "cost-curves.json"
     curves = json.loads(path.read_text()) if path.exists() else {}
     known = CostCurve.from_json(curves[key]).points if key in curves else {}
     missing = [n for n in config.sizes() if n not in known]
+    if known and config.recheck:
+        check = [min(known)] + [n for n in RECHECK_SIZES if n in known and n > min(known)]
+        moved = moved_sizes(known, probe_times(verifier, check, config.cost_prefix, repeats=3),
+                            config.recheck_tolerance)
+        if moved:
+            log(f"the cached cost curve no longer holds at {','.join(map(str, moved))} nodes "
+                f"(moved > {config.recheck_tolerance:.0%} against the one-node step): measuring it again")
+            known, missing = {}, config.sizes()
     if not missing:
         return CostCurve(points=known, key=key)
     log(f"measuring forward cost for budgets {','.join(map(str, missing))} (once per model, device and verifier)")
