@@ -70,11 +70,14 @@ inline void scores(const float* const* q, const float* k, int64_t k_row, int64_t
   }
 }
 
-// One key's score for one row (the last S mod 4 keys).
+// One key's score for one row (the last S mod 4 keys). The 8-lane sum is reduced here, not by
+// simd.h, whose vector is 16 lanes wide when the module is built for AVX-512.
 inline float score1(const float* q, const float* k, int64_t D) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
-  return v::reduce_add(acc);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 // Step 2 for one row in place: s += mask; s = exp(s - max); returns the sum.

@@ -1,0 +1,38 @@
+"""Our C++ kernels (oilbird/skinny_gemm.py, csrc/) build wherever they can run, for every
+instruction set they claim: a build failure falls back to PyTorch silently at run time, so these
+tests are what notices it."""
+
+import os
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+from torch.utils.cpp_extension import include_paths
+
+from oilbird.skinny_gemm import CSRC, ISA_FLAGS, SOURCES, isa, skinny_available
+
+COMPILER = shutil.which(os.environ.get("CXX", "c++"))
+
+
+@pytest.mark.skipif(COMPILER is None, reason="no C++ compiler here: the kernels are optional and fall back")
+def test_the_kernels_build_wherever_the_cpu_can_run_them():
+    available, why = skinny_available()
+    assert available or isa() is None, f"the CPU has {isa()} and a compiler, yet: {why}"
+
+
+@pytest.mark.skipif(COMPILER is None, reason="no C++ compiler here: the kernels are optional and fall back")
+def test_every_source_compiles_for_the_instruction_sets_this_host_does_not_build():
+    """The AVX2 build and the AVX-512 build both compile, whichever this host runs (a kernel
+    written for one width once broke the other's build); the host's own is built by the test above."""
+    headers = [*include_paths(), sysconfig.get_paths()["include"], str(CSRC)]  # PyTorch's, Python's, ours
+    includes = [f"-I{path}" for path in headers]
+    jobs = {}
+    others = {" ".join(f): f for name, f in ISA_FLAGS.items() if f != ISA_FLAGS.get(isa() or "")}
+    for name, isa_flags in others.items():
+        for source in SOURCES:
+            command = [COMPILER, "-fsyntax-only", "-std=c++17", "-fopenmp", *isa_flags, *includes, str(source)]
+            jobs[name, source.name] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                       text=True)
+    failed = {job: proc.communicate(timeout=600)[0][-2000:] for job, proc in jobs.items() if proc.wait(600)}
+    assert not failed, failed
