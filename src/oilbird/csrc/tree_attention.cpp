@@ -2,9 +2,10 @@
 //
 // A tree forward attends N tree nodes over S = cached + N keys under the tree mask. PyTorch's CPU
 // SDPA kernel runs its small matrix products through MKL, which on this project's AMD CPU takes a
-// slow generic path. Two kernels of ours, by the instruction set the module is built for:
-// online-softmax attention on 16-lane AVX-512 registers (tree_attention_online.h) and two-pass
-// attention on 8-lane AVX2 ones (tree_attention_avx2.h). Both attend every query head of a group
+// slow generic path. Two kernels of ours: online-softmax attention on the widest registers the
+// build has (tree_attention_online.h) and two-pass attention on 8-lane AVX2 ones
+// (tree_attention_avx2.h). On AVX2 the two-pass kernel is the faster at every size; on AVX-512
+// (measured on Zen 4) it is at up to 4 queries, the online one from 8 on. Both attend every query head of a group
 // to its key/value head in place (no copies per group). The measurements: docs/RESULTS.md,
 // issue 15 (scripts/attention_cost.py).
 //
@@ -18,7 +19,7 @@
 // q [1, Hq, N, D], k and v [1, Hkv, S, D] (rows of each head contiguous), mask [1, 1, N, S]
 // additive float32 or none (every query attends every key) -> [1, N, Hq, D], what transformers'
 // attention functions return. `kernel`:
-// "online", "two-pass", or "" for the one this build's instruction set runs faster.
+// "online", "two-pass", or "" for the one this build's instruction set runs faster at N queries.
 torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const c10::optional<torch::Tensor>& mask, double scale,
                              const std::string& kernel) {
@@ -35,7 +36,8 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
   auto queries = q[0].mul(scale).contiguous();  // [Hq, N, D]
   auto m = mask.has_value() ? mask->reshape({N, S}).contiguous() : torch::zeros({N, S}, q.options());
 #if defined(__AVX512F__)
-  const std::string chosen = kernel.empty() ? "online" : kernel;
+  constexpr int64_t kTwoPassUpTo = 4;  // queries; scripts/attention_cost.py on Zen 4, docs/RESULTS.md
+  const std::string chosen = !kernel.empty() ? kernel : N <= kTwoPassUpTo ? "two-pass" : "online";
 #else
   const std::string chosen = kernel.empty() ? "two-pass" : kernel;
 #endif
