@@ -185,7 +185,8 @@ class Harness:
         for _, spec, budget in self.variants:
             verifier = self.verifier_of(spec)
             if budget in MEASURED_BUDGETS and id(verifier) not in measured:
-                measured[id(verifier)] = load_or_measure(loaded, verifier, budget_config, default_cache_dir())
+                measured[id(verifier)] = load_or_measure(loaded, verifier, budget_config, default_cache_dir(),
+                                                         log=lambda m: print(f"oilbird: {m}", file=sys.stderr))
             if budget in MEASURED_BUDGETS:
                 self.curves[spec] = measured[id(verifier)]
         self.models: dict = {}  # drafter LLMs ('draft' method), loaded once per run
