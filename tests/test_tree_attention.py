@@ -118,7 +118,7 @@ def test_an_unknown_kernel_name_is_refused():
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
-def test_one_token_steps_go_to_the_kernel_and_the_prefill_to_sdpa():
+def test_one_token_steps_and_the_prefill_go_to_the_kernel():
     g = torch.Generator().manual_seed(5)
     module = Attn(3)
     key, value = torch.randn(2, 1, 3, 83, 64, generator=g)
@@ -129,4 +129,36 @@ def test_one_token_steps_go_to_the_kernel_and_the_prefill_to_sdpa():
     assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
     prefill = torch.randn(1, 9, 83, 64, generator=g)  # no mask over many tokens means causal
     ours, _ = skinny_tree_attention(module, prefill, key, value, None)
-    assert torch.equal(ours, sdpa_attention_forward(module, prefill, key, value, None)[0])
+    ref, _ = sdpa_attention_forward(module, prefill, key, value, None)
+    assert not torch.equal(ours, ref)
+    assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (14, 2), (4, 4)])
+@pytest.mark.parametrize("cached,nodes", [(0, 1), (0, 2), (0, 37), (0, 130), (5, 3), (61, 64), (200, 17)])
+def test_causal_attention_over_a_cached_prefix_matches_sdpa_with_its_causal_mask(dim, heads, kv_heads, cached, nodes):
+    """Query n attends keys [0, cached + n]: SDPA with the same rule spelled as a mask. Sizes
+    cover one-row tiles, tiles crossing heads, and key counts that are not multiples of 4."""
+    from oilbird.skinny_gemm import kernels
+
+    g = torch.Generator().manual_seed(cached * 1000 + nodes)
+    query = torch.randn(1, heads, nodes, dim, generator=g)
+    key, value = torch.randn(2, 1, kv_heads, cached + nodes, dim, generator=g)
+    allowed = torch.ones(nodes, cached + nodes, dtype=torch.bool).tril(cached)  # [N, S]
+    ref = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed,
+                                                           enable_gqa=True).transpose(1, 2)
+    ours = kernels().tree_attention(query, key, value, None, dim ** -0.5, causal=True)
+    assert torch.allclose(ours, ref, atol=3e-6, rtol=1e-5), (ours - ref).abs().max()
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+def test_causal_attention_refuses_a_mask_and_the_online_kernel():
+    from oilbird.skinny_gemm import kernels
+
+    q, k, v = torch.randn(3, 1, 2, 4, 64)
+    with pytest.raises(RuntimeError, match="causal attention takes no mask"):
+        kernels().tree_attention(q, k, v, torch.zeros(1, 1, 4, 4), 0.125, causal=True)
+    with pytest.raises(RuntimeError, match="causal attention takes no mask"):
+        kernels().tree_attention(q, k, v, None, 0.125, "online", causal=True)

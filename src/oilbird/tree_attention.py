@@ -16,9 +16,11 @@ every query head of a group reads its key/value head in place. On an AVX2 host i
 attention per tile of query rows (scores of 3 rows x 4 cached keys per step, a plain softmax,
 then the values), as fast as PyTorch's CPU SDPA or faster at every size measured, one-token
 steps included (1.4-3.3x at 1-8 nodes, 1.0-1.2x at 64, one or two threads; docs/RESULTS.md,
-issue 15); on an AVX-512 host it is online-softmax attention on 16-lane registers. One-token
-steps (no mask) use it too. Exact up to rounding (it sums in another order), float32 on a CPU,
-head_dim 64 or 128; anything else goes to SDPA as above.
+issue 15); on an AVX-512 host the same up to 4 queries and online-softmax attention on 16-lane
+registers from 5. One-token steps (no mask) use it too, and so does a prefill (several tokens, no
+mask: causal), in the two-pass kernel's causal mode, which skips the keys a tile of rows cannot
+see (SDPA's CPU kernel scores them all and masks them). Exact up to rounding (it sums in another
+order), float32 on a CPU, head_dim 64 or 128; anything else goes to SDPA as above.
 
 The functions are registered under `TREE_ATTENTION` and `SKINNY_ATTENTION` through transformers'
 `AttentionInterface` (and SDPA's mask builder under the same names through
@@ -83,8 +85,7 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
 
     Args and Returns: as `tree_attention`.
     """
-    # Without a mask a forward of several tokens is causal (the prefill): SDPA's job.
-    if ((attention_mask is None and query.shape[2] > 1) or query.shape[0] != 1 or dropout
+    if (query.shape[0] != 1 or dropout
             or query.dtype != torch.float32 or query.device.type != "cpu"
             or query.shape[-1] not in SKINNY_HEAD_DIMS or kwargs.get("s_aux") is not None):
         return tree_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
@@ -92,7 +93,9 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
         attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill_(
             ~attention_mask, torch.finfo(query.dtype).min)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    return kernels().tree_attention(query, key, value, attention_mask, scale), None  # [1, N, H_q, D]
+    # Without a mask a forward of several tokens is causal (a prefill): the kernel's causal mode.
+    causal = attention_mask is None and query.shape[2] > 1
+    return kernels().tree_attention(query, key, value, attention_mask, scale, causal=causal), None  # [1, N, H_q, D]
 
 
 AttentionInterface.register(TREE_ATTENTION, tree_attention)

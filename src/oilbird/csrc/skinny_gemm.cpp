@@ -21,7 +21,7 @@
 
 torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const c10::optional<torch::Tensor>& mask, double scale,
-                             const std::string& kernel);  // tree_attention.cpp
+                             const std::string& kernel, bool causal);  // tree_attention.cpp
 std::tuple<torch::Tensor, torch::Tensor> topk_rows(const torch::Tensor& x, int64_t k);  // topk.cpp
 
 // W [N, K] (N a multiple of 16) -> the packed layout [N/16, K, 16].
@@ -49,6 +49,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack a [N, K] float32 weight into [N/16, K, 16]");
   m.def("linear", &linear, "y = x @ W^T (+ bias) from a packed weight");
   m.def("tree_attention", &tree_attention, "grouped attention of few queries under a tree mask",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"), py::arg("kernel") = "");
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"), py::arg("kernel") = "",
+        py::arg("causal") = false);
   m.def("topk_rows", &topk_rows, "top-k of each row, ties to the lower index");
 }

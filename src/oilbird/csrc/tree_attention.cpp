@@ -20,9 +20,11 @@
 // additive float32 or none (every query attends every key) -> [1, N, Hq, D], what transformers'
 // attention functions return. `kernel`:
 // "online", "two-pass", or "" for the one this build's instruction set runs faster at N queries.
+// `causal` (no mask): query n attends keys [0, S - N + n], as in a prefill over S - N cached
+// tokens; the two-pass kernel runs it and skips the keys no row of a tile can see.
 torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const c10::optional<torch::Tensor>& mask, double scale,
-                             const std::string& kernel) {
+                             const std::string& kernel, bool causal) {
   TORCH_CHECK(q.dim() == 4 && q.size(0) == 1 && q.scalar_type() == torch::kFloat32,
               "tree_attention: q must be [1, H, N, D] float32");
   const int64_t Hq = q.size(1), N = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
@@ -32,8 +34,12 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
   TORCH_CHECK(k.stride(3) == 1, "tree_attention: each key must be a contiguous row");
   TORCH_CHECK(!mask.has_value() || (mask->scalar_type() == torch::kFloat32 && mask->numel() == N * S),
               "tree_attention: mask must be an additive float32 [1, 1, N, S]");
+  TORCH_CHECK(!causal || (!mask.has_value() && S >= N && (kernel.empty() || kernel == "two-pass")),
+              "tree_attention: causal attention takes no mask, S >= N keys and the two-pass kernel");
   // Scaling the queries costs less than scaling the scores; rounding differs in the last bits.
   auto queries = q[0].mul(scale).contiguous();  // [Hq, N, D]
+  // Causal (a prefill): the two-pass kernel, which skips the keys a tile of rows cannot see.
+  if (causal) return oilbird::avx2::run(queries, k, v, c10::nullopt, true);
   auto m = mask.has_value() ? mask->reshape({N, S}).contiguous() : torch::zeros({N, S}, q.options());
 #if defined(__AVX512F__)
   constexpr int64_t kTwoPassUpTo = 4;  // queries; scripts/attention_cost.py on Zen 4, docs/RESULTS.md
@@ -43,5 +49,5 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
 #endif
   if (chosen == "online") return oilbird::online::run(queries, k, v, m);
   TORCH_CHECK(chosen == "two-pass", "tree_attention: unknown kernel '", kernel, "' (online or two-pass)");
-  return oilbird::avx2::run(queries, k, v, m);
+  return oilbird::avx2::run(queries, k, v, m, false);
 }

@@ -38,9 +38,10 @@ struct Problem {
   int64_t k_head, k_row;
   const float* v;      // values: row s of head h at v + h * v_head + s * D
   int64_t v_head;
-  const float* mask;   // [N, S] additive
+  const float* mask;   // [N, S] additive; null when causal
   float* out;          // [N, Hq, D]
   int64_t Hq, G, N, S, D;
+  bool causal;         // node n attends keys [0, S - N + n]: the last N keys are the N queries'
 };
 
 // Four 8-lane partial sums -> their four totals, in one 128-bit register.
@@ -106,6 +107,28 @@ inline float softmax_row(float* s, const float* mask, int64_t S) {
   return l;
 }
 
+// Step 2 under the causal rule: softmax over s[0, valid), and s[valid, width) set to 0 (keys a
+// row may not see, scored only because a row tile shares one key range).
+inline float softmax_prefix(float* s, int64_t valid, int64_t width) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::fill(s + valid, s + width, kNegInf);  // exp(-inf - m) = 0 below
+  const int64_t whole = width / v::kLanes * v::kLanes;
+  v::vf mx = v::set1(kNegInf);
+  for (int64_t j = 0; j < whole; j += v::kLanes) mx = v::max(mx, v::load(s + j));
+  float m = v::reduce_max(mx);
+  for (int64_t j = whole; j < width; ++j) m = std::max(m, s[j]);
+  const v::vf mv = v::set1(m);
+  v::vf sum = v::zero();
+  for (int64_t j = 0; j < whole; j += v::kLanes) {
+    const v::vf e = v::exp(v::sub(v::load(s + j), mv));
+    v::store(s + j, e);
+    sum = v::add(sum, e);
+  }
+  float l = v::reduce_add(sum);
+  for (int64_t j = whole; j < width; ++j) s[j] = std::exp(s[j] - m), l += s[j];
+  return l;
+}
+
 // Step 3 for R (<= 6) rows: o[r][d0:d0+16] = sum_j p[r][j] v_j[d0:d0+16] * inv[r].
 template <int R>
 inline void weighted_values(const float* const* p, const float* vh, int64_t D, int64_t S, const float* inv,
@@ -135,11 +158,19 @@ constexpr int64_t kKeyBlock = 64;  // keys whose rows stay in L1 while every row
 // Rows [row, row + rows) of key/value head h (rows flattened over the group's heads and nodes);
 // `buf` holds rows x S scores.
 inline void tile(const Problem& p, int64_t h, int64_t row, int64_t rows, float* buf) {
-  const int64_t D = p.D, S = p.S, S4 = S / 4 * 4;
+  const int64_t D = p.D;
   const float* kh = p.k + h * p.k_head;
   const float* q[12];
   float* s[12];
   float* o[12];
+  int64_t valid[12];  // keys row r may attend: all S, or under the causal rule S - N + node + 1
+  int64_t S = 0;      // keys the tile scores: the most any of its rows attends
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = row + r, node = i % p.N;
+    valid[r] = p.causal ? p.S - p.N + node + 1 : p.S;
+    S = std::max(S, valid[r]);
+  }
+  const int64_t S4 = S / 4 * 4;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = row + r, head = h * p.G + i / p.N, node = i % p.N;
     q[r] = p.q + (h * p.G * p.N + i) * D;
@@ -158,7 +189,7 @@ inline void tile(const Problem& p, int64_t h, int64_t row, int64_t rows, float* 
   float inv[12];
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t node = (row + r) % p.N;
-    inv[r] = 1.0f / softmax_row(s[r], p.mask + node * S, S);
+    inv[r] = 1.0f / (p.causal ? softmax_prefix(s[r], valid[r], S) : softmax_row(s[r], p.mask + node * S, S));
   }
   const float* vh = p.v + h * p.v_head;
   int64_t r = 0;
@@ -181,19 +212,24 @@ inline int64_t tile_rows(int64_t rows, int64_t heads, int64_t threads) {
   return std::min(t, rows);
 }
 
-// queries [Hq, N, D] scaled and contiguous, k and v [1, Hkv, S, D], m [N, S] -> [1, N, Hq, D].
+// queries [Hq, N, D] scaled and contiguous, k and v [1, Hkv, S, D], m [N, S] or, when causal, none
+// -> [1, N, Hq, D].
 inline torch::Tensor run(const torch::Tensor& queries, const torch::Tensor& k, const torch::Tensor& v,
-                         const torch::Tensor& m) {
+                         const c10::optional<torch::Tensor>& m, bool causal) {
   const int64_t Hq = queries.size(0), N = queries.size(1), D = queries.size(2);
   const int64_t Hkv = k.size(1), S = k.size(2), G = Hq / Hkv, rows = G * N;
   auto out = torch::empty({1, N, Hq, D}, queries.options());
   const Problem p{queries.data_ptr<float>(), k.data_ptr<float>(), k.stride(1), k.stride(2),
-                  v.data_ptr<float>(), v.stride(1), m.data_ptr<float>(), out.data_ptr<float>(),
-                  Hq, G, N, S, D};
+                  v.data_ptr<float>(), v.stride(1), causal ? nullptr : m->data_ptr<float>(),
+                  out.data_ptr<float>(), Hq, G, N, S, D, causal};
   const int64_t t = tile_rows(rows, Hkv, at::get_num_threads()), tiles = (rows + t - 1) / t;
-  at::parallel_for(0, Hkv * tiles, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t count = Hkv * tiles;
+  at::parallel_for(0, count, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> buf(t * S);  // [t, S] scores, then probabilities
-    for (int64_t i = t0; i < t1; ++i) {
+    for (int64_t n = t0; n < t1; ++n) {
+      // Causal tiles cost more the later their nodes: take them from both ends in turn, so that
+      // each thread's contiguous share of n holds cheap and dear tiles alike.
+      const int64_t i = !causal ? n : n % 2 == 0 ? n / 2 : count - 1 - n / 2;
       const int64_t h = i / tiles, row = (i % tiles) * t;
       tile(p, h, row, std::min(t, rows - row), buf.data());
     }
