@@ -132,6 +132,11 @@ def test_one_token_steps_and_the_prefill_go_to_the_kernel():
     ref, _ = sdpa_attention_forward(module, prefill, key, value, None)
     assert not torch.equal(ours, ref)
     assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
+    # A prompt whose keys and values outgrow CAUSAL_MAX_KV_BYTES per head goes to SDPA, exactly.
+    long_key, long_value = torch.randn(2, 1, 3, 800, 64, generator=g)  # 2 x 800 x 64 x 4 B > 384 KB
+    long_prefill = torch.randn(1, 9, 800, 64, generator=g)
+    ours, _ = skinny_tree_attention(module, long_prefill, long_key, long_value, None)
+    assert torch.equal(ours, sdpa_attention_forward(module, long_prefill, long_key, long_value, None)[0])
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")

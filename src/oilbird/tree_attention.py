@@ -18,8 +18,8 @@ then the values), as fast as PyTorch's CPU SDPA or faster at every size measured
 steps included (1.4-3.3x at 1-8 nodes, 1.0-1.2x at 64, one or two threads; docs/RESULTS.md,
 issue 15); on an AVX-512 host the same up to 4 queries and online-softmax attention on 16-lane
 registers from 5. One-token steps (no mask) use it too, and so does a prefill (several tokens, no
-mask: causal), in the two-pass kernel's causal mode, which skips the keys a tile of rows cannot
-see (SDPA's CPU kernel scores them all and masks them). Exact up to rounding (it sums in another
+mask: causal) of up to `CAUSAL_MAX_KV_BYTES`, in the two-pass kernel's causal mode, which skips
+the keys a tile of rows cannot see. Exact up to rounding (it sums in another
 order), float32 on a CPU, head_dim 64 or 128; anything else goes to SDPA as above.
 
 The functions are registered under `TREE_ATTENTION` and `SKINNY_ATTENTION` through transformers'
@@ -75,6 +75,11 @@ SKINNY_ATTENTION = "oilbird_skinny"
 """The name of the skinny-kernel variant (`skinny_tree_attention`)."""
 SKINNY_HEAD_DIMS = (64, 128)
 """Head dims the skinny kernel supports."""
+CAUSAL_MAX_KV_BYTES = 384 * 1024
+"""A prefill runs on our kernel's causal mode while one key/value head's keys and values fit in
+this many bytes (768 keys at head_dim 64), so that they stay in a core's L2 cache (1 MB on Zen 4,
+512 KB on Zen 3) across a tile's passes; longer prompts go to SDPA, which blocks over keys and
+was faster there (scripts/attention_cost.py --prefill; docs/RESULTS.md, issue 15)."""
 
 
 def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -85,7 +90,10 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
 
     Args and Returns: as `tree_attention`.
     """
-    if (query.shape[0] != 1 or dropout
+    # Without a mask a forward of several tokens is causal (a prefill): the kernel's causal mode.
+    causal = attention_mask is None and query.shape[2] > 1
+    if ((causal and 2 * key.shape[2] * key.shape[3] * key.element_size() > CAUSAL_MAX_KV_BYTES)
+            or query.shape[0] != 1 or dropout
             or query.dtype != torch.float32 or query.device.type != "cpu"
             or query.shape[-1] not in SKINNY_HEAD_DIMS or kwargs.get("s_aux") is not None):
         return tree_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
@@ -93,8 +101,6 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
         attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill_(
             ~attention_mask, torch.finfo(query.dtype).min)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    # Without a mask a forward of several tokens is causal (a prefill): the kernel's causal mode.
-    causal = attention_mask is None and query.shape[2] > 1
     return kernels().tree_attention(query, key, value, attention_mask, scale, causal=causal), None  # [1, N, H_q, D]
 
 
