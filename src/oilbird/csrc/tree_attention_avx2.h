@@ -81,18 +81,9 @@ inline float score1(const float* q, const float* k, int64_t D) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// Step 2 for one row in place: s += mask; s = exp(s - max); returns the sum.
-inline float softmax_row(float* s, const float* mask, int64_t S) {
+// s[0, S) = exp(s - m) in place; returns their sum.
+inline float exp_and_sum(float* s, int64_t S, float m) {
   const int64_t whole = S / v::kLanes * v::kLanes;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  v::vf mx = v::set1(kNegInf);
-  for (int64_t j = 0; j < whole; j += v::kLanes) {
-    const v::vf x = v::add(v::load(s + j), v::load(mask + j));
-    v::store(s + j, x);
-    mx = v::max(mx, x);
-  }
-  float m = v::reduce_max(mx);
-  for (int64_t j = whole; j < S; ++j) s[j] += mask[j], m = std::max(m, s[j]);
   const v::vf mv = v::set1(m);
   v::vf sum = v::zero();
   for (int64_t j = 0; j < whole; j += v::kLanes) {
@@ -101,10 +92,22 @@ inline float softmax_row(float* s, const float* mask, int64_t S) {
     sum = v::add(sum, e);
   }
   float l = v::reduce_add(sum);
-  for (int64_t j = whole; j < S; ++j) {
-    s[j] = std::exp(s[j] - m), l += s[j];
-  }
+  for (int64_t j = whole; j < S; ++j) s[j] = std::exp(s[j] - m), l += s[j];
   return l;
+}
+
+// Step 2 for one row in place: s += mask; s = exp(s - max); returns the sum.
+inline float softmax_row(float* s, const float* mask, int64_t S) {
+  const int64_t whole = S / v::kLanes * v::kLanes;
+  v::vf mx = v::set1(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < whole; j += v::kLanes) {
+    const v::vf x = v::add(v::load(s + j), v::load(mask + j));
+    v::store(s + j, x);
+    mx = v::max(mx, x);
+  }
+  float m = v::reduce_max(mx);
+  for (int64_t j = whole; j < S; ++j) s[j] += mask[j], m = std::max(m, s[j]);
+  return exp_and_sum(s, S, m);
 }
 
 // Step 2 under the causal rule: softmax over s[0, valid), and s[valid, width) set to 0 (keys a
@@ -117,16 +120,7 @@ inline float softmax_prefix(float* s, int64_t valid, int64_t width) {
   for (int64_t j = 0; j < whole; j += v::kLanes) mx = v::max(mx, v::load(s + j));
   float m = v::reduce_max(mx);
   for (int64_t j = whole; j < width; ++j) m = std::max(m, s[j]);
-  const v::vf mv = v::set1(m);
-  v::vf sum = v::zero();
-  for (int64_t j = 0; j < whole; j += v::kLanes) {
-    const v::vf e = v::exp(v::sub(v::load(s + j), mv));
-    v::store(s + j, e);
-    sum = v::add(sum, e);
-  }
-  float l = v::reduce_add(sum);
-  for (int64_t j = whole; j < width; ++j) s[j] = std::exp(s[j] - m), l += s[j];
-  return l;
+  return exp_and_sum(s, width, m);
 }
 
 // Step 3 for R (<= 6) rows: o[r][d0:d0+16] = sum_j p[r][j] v_j[d0:d0+16] * inv[r].
