@@ -5,8 +5,9 @@
 // slow generic path. Two kernels of ours: online-softmax attention on the widest registers the
 // build has (tree_attention_online.h) and two-pass attention on 8-lane AVX2 ones
 // (tree_attention_avx2.h). On AVX2 the two-pass kernel is the faster at every size; on AVX-512
-// (measured on Zen 4) it is at up to 4 queries, the online one from 8 on. Both attend every query head of a group
-// to its key/value head in place (no copies per group). The measurements: docs/RESULTS.md,
+// (measured on Zen 4) it is up to 4 queries and the online one at 8 and more, so the build hands
+// over from 5 on. Both attend every query head of a group to its key/value head in place (no
+// copies per group). The measurements: docs/RESULTS.md,
 // issue 15 (scripts/attention_cost.py).
 //
 // Supported: head_dim 64 or 128, mask [N, S] additive float32 (finfo.min or -inf where masked).
