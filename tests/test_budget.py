@@ -197,3 +197,11 @@ def test_a_stale_cached_curve_is_measured_again_and_a_kept_one_is_not_rechecked(
     assert any("no longer holds at" in m and "64" in m for m in messages)
     assert json.loads(cache.read_text())[key]["points"] == {str(n): t for n, t in fresh.points.items()}
 
+
+
+def test_a_recheck_times_the_smallest_size_and_where_curves_bend():
+    from oilbird.budget import recheck_sizes
+
+    assert recheck_sizes({n: 0.0 for n in (1, 2, 4, 8, 16, 32, 64, 128)}) == [1, 8, 16, 64]
+    assert recheck_sizes({1: 0.0, 2: 0.0, 4: 0.0}) == [1, 4]  # none of 8, 16, 64: the largest
+    assert recheck_sizes({4: 0.0}) == [4] and recheck_sizes({}) == []

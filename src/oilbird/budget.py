@@ -211,6 +211,16 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
 RECHECK_SIZES = (8, 16, 64)  # besides the smallest: where budgets are chosen and curves bend
 
 
+def recheck_sizes(known: dict[int, float]) -> list[int]:
+    """The sizes a recheck times: the smallest, and those of `RECHECK_SIZES` the curve holds (its
+    largest size when it holds none of them)."""
+    if not known:
+        return []
+    smallest = min(known)
+    others = [n for n in RECHECK_SIZES if n in known and n > smallest]
+    return [smallest] + (others or [n for n in (max(known),) if n > smallest])
+
+
 def moved_sizes(cached: dict[int, float], fresh: dict[int, float], tolerance: float) -> list[int]:
     """Sizes whose cost relative to the smallest size moved by more than `tolerance` (a fraction).
 
@@ -265,8 +275,8 @@ def load_or_measure(loaded, verifier, config: BudgetConfig, cache_dir: Path, log
     curves = json.loads(path.read_text()) if path.exists() else {}
     known = CostCurve.from_json(curves[key]).points if key in curves else {}
     missing = [n for n in config.sizes() if n not in known]
-    if known and config.recheck:
-        check = [min(known)] + [n for n in RECHECK_SIZES if n in known and n > min(known)]
+    check = recheck_sizes(known)
+    if config.recheck and len(check) > 1:  # a shape needs two sizes
         moved = moved_sizes(known, probe_times(verifier, check, config.cost_prefix, repeats=3),
                             config.recheck_tolerance)
         if moved:
