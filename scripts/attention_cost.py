@@ -68,7 +68,9 @@ def main() -> None:
         try:
             lengths = [int(x) for x in args.prefill.split(",")]
         except ValueError:
-            p.error(f"--prefill takes comma-separated lengths, got {args.prefill!r}")
+            lengths = []
+        if not lengths or min(lengths) < 1:
+            p.error(f"--prefill takes comma-separated positive lengths, got {args.prefill!r}")
         prefill_table(lengths, args.repeats)
         return
     print("| model shape | " + " | ".join(f"N={n}" for n in NODES) + " |  (two-pass / online / SDPA, ms)")
