@@ -92,10 +92,14 @@ def test_forwards_with_nothing_to_propose_are_not_charged_a_full_budget():
 
 
 class CallRecorder:
-    """The real model, with the options of every forward call written down (not a mock: it runs)."""
+    """The real model, with the options of every forward call written down (not a mock: it runs);
+    calls of its decoder alone (the prefill's, the certified head's forwards) are written down too."""
 
-    def __init__(self, model) -> None:
-        self.model, self.calls = model, []
+    def __init__(self, model, calls: list | None = None) -> None:
+        self.model, self.calls = model, [] if calls is None else calls
+
+    def get_decoder(self):
+        return CallRecorder(self.model.get_decoder(), self.calls)
 
     def __getattr__(self, name):
         return getattr(self.model, name)

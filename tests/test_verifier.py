@@ -8,7 +8,7 @@ import torch
 from oilbird.audit import greedy_reference
 from oilbird.tree import DraftTree
 from oilbird.errors import ModelError
-from oilbird.verifier import TreeVerifier, VerifierConfig, top_k_and_argmax
+from oilbird.verifier import TreeVerifier, VerifierConfig
 
 PROMPT = [{"role": "user", "content": "List three colors of the rainbow."}]
 
@@ -154,16 +154,6 @@ def test_only_the_asked_for_layer_is_exposed_and_the_prefill_top_k_is_optional(s
     assert ver.hidden.shape == (1, smol.model.config.hidden_size)
     with pytest.raises(ModelError, match="out of range"):
         verifier.verify(state, DraftTree.root(state.anchor), hidden_layer=99)
-
-
-def test_top_k_and_argmax_agree_and_ties_take_the_lowest_id():
-    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0], [5.0, 1.0, 2.0, 0.0]])  # row 0: ids 1 and 3 tie
-    ids, values, argmax = top_k_and_argmax(logits, 3)
-    assert argmax.tolist() == [1, 0] == logits.argmax(dim=-1).tolist()
-    assert ids.shape == (2, 3) and values[:, 0].tolist() == [3.0, 5.0]
-    assert ids[1].tolist() == [0, 2, 1]
-    ids, _, argmax = top_k_and_argmax(logits, 1)
-    assert ids.shape == (2, 1) and argmax.tolist() == [1, 0]
 
 
 def test_a_bfloat16_harvest_finds_nearly_the_same_top_k(smol, setup):

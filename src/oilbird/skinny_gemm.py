@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp"]  # the module's translation units
+SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp", CSRC / "certified_argmax.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_online.h",
            CSRC / "tree_attention_avx2.h"]
 # Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).

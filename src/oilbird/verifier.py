@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from oilbird.lm_head import CertifiedHead, certified_head_unavailable, top_k_and_argmax
 from oilbird.errors import ModelError
 from oilbird.fly import FlyConfig, entropy, fly_walk
 from oilbird.kernels import harvest_head
@@ -50,12 +51,16 @@ class VerifierConfig:
 
     top_k: int = 10
     """Top-k token ids exposed per node (the widest consumer, GOOSE's adjacency table, uses 10; Token Recycling reads the first 8)."""
+    head: str = "auto"
+    """LM head of greedy verification: 'certified' (a bfloat16 copy, half the bytes; each row's float32 argmax recovered exactly from an error bound, oilbird/certified_head.py), 'model' (the model's own), 'auto' (certified where it applies: float32 on a CPU with our kernels, a supported model type). Sampling and FLy always use the model's."""
     harvest_dtype: str = "auto"
     """Dtype of the LM-head pass that harvests the prompt's top-k for drafters (GOOSE, Oilbird): draft material only, never what is verified. 'auto': bfloat16 on a CPU with bfloat16 GEMM (AVX-512 BF16 or AMX; about 3x faster than float32 there), else the model's; 'model': the model's own dtype."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.head not in ("auto", "certified", "model"):
+            raise ValueError(f"head must be 'auto', 'certified' or 'model', got {self.head!r}")
         if self.harvest_dtype not in ("auto", "model", "bfloat16", "float32"):
             raise ValueError(f"harvest_dtype must be 'auto', 'model', 'bfloat16' or 'float32', got {self.harvest_dtype!r}")
 
@@ -165,6 +170,13 @@ class TreeVerifier:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._harvest = None  # the prefill harvest's LM head, built on first use
+        self._head = None  # greedy verification's CertifiedHead, built on first use
+        why = certified_head_unavailable(model) if self.config.head != "model" else "head='model'"
+        if why is not None and self.config.head == "certified":
+            raise ModelError(f"the certified LM head cannot serve this model: {why}; use head='model'")
+        # FLy's rule reads whole distributions: its forwards keep the model's head.
+        self.head_kind = "model" if why is not None or fly is not None else "certified"
+        """Which LM head greedy forwards run: 'certified' or 'model'."""
 
     def _hidden(self, out, layer: int | None) -> torch.Tensor | None:
         """The asked-for layer's states from a forward's output, [T, hidden], or None."""
@@ -194,8 +206,8 @@ class TreeVerifier:
         cache, done = self._start(prompt_ids, past)
         if done < len(prompt_ids) - 1:
             ids = torch.tensor([prompt_ids[done:-1]], device=self.device)  # [1, P - done]
-            # logits_to_keep=1: the prefill commits nothing, so skip the [P, V] logits.
-            self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            # The decoder alone: the prefill commits nothing, so it needs no logits at all.
+            self.model.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=True)
         return KVState(cache=cache, length=len(prompt_ids) - 1, anchor=int(prompt_ids[-1]))
 
     def _start(self, prompt_ids: list[int], past: CachedPrefix | None):
@@ -292,11 +304,10 @@ class TreeVerifier:
         mask = None if n_nodes == 1 else tree.attention_mask(prefix, self.dtype, self.device)
         positions = tree.position_ids(prefix, self.device)  # [1, N]
         t1 = time.perf_counter()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=state.cache, use_cache=True,
-                         output_hidden_states=hidden_layer is not None)
-        logits = out.logits[0]  # [N, V]
-        topk_ids, topk_logits, argmax = top_k_and_argmax(logits, self.config.top_k)
+        greedy = not sampling and self.fly is None
+        out, logits, topk_ids, topk_logits, argmax = self._forward(
+            dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
+                 use_cache=True, output_hidden_states=hidden_layer is not None), greedy)
         hidden = self._hidden(out, hidden_layer)  # [N, hidden] or None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -329,6 +340,25 @@ class TreeVerifier:
                             sample_terms=terms, forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
 
 
+    def _forward(self, inputs: dict, greedy: bool):
+        """The forward of `verify`: (model output, [N, V] logits, [N, k] top-k ids and logits, [N] argmax).
+
+        Greedy forwards on the certified head run the decoder and take the logits from the
+        bfloat16 copy and the argmax certified in float32; the rest run the model's own head.
+        """
+        if not greedy or self.head_kind != "certified":
+            out = self.model(**inputs)
+            logits = out.logits[0]  # [N, V]
+            return (out, logits, *top_k_and_argmax(logits, self.config.top_k))
+        if self._head is None:
+            self._head = CertifiedHead(self.model.get_output_embeddings())
+        out = self.model.get_decoder()(**inputs)
+        final = out.last_hidden_state[0]  # [N, hidden], after the final norm
+        logits = self._head.logits(final)  # [N, V], bfloat16 weight
+        topk_logits, topk_ids = fast_topk(logits, self.config.top_k)  # draft material
+        argmax, _ = self._head.argmax(final, logits)  # [N], float32-exact
+        return out, logits, topk_ids, topk_logits, argmax
+
     def _walk(self, tree: DraftTree, logits: torch.Tensor, preds: list[int], sampler: Sampler | None):
         """The accepted path: greedy, FLy's loose rule, or rejection sampling (with `sampler`).
 
@@ -350,25 +380,6 @@ class TreeVerifier:
         entropies = entropy(logits, self.fly.entropy).tolist()
         path, forgiven = fly_walk(tree, preds, entropies, self.fly)
         return path, forgiven, None, None
-
-
-def top_k_and_argmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-k ids and logits and the argmax of [N, V] logits, in one pass over the vocabulary.
-
-    The argmax is the top-1 id, except in a row whose top two logits tie exactly: there a top-k
-    may order the tied ids either way (`torch.topk` does; our kernel puts the lower id first), so
-    that row takes `argmax` (the lowest tied id, as transformers' greedy decoding does).
-
-    Returns:
-        ([N, k] ids, [N, k] logits, [N] argmax).
-    """
-    values, ids = fast_topk(logits, min(max(k, 2), logits.shape[-1]))  # [N, max(k, 2)]
-    argmax = ids[:, 0].clone()  # [N]
-    if values.shape[-1] > 1:
-        tied = (values[:, 0] == values[:, 1]).nonzero().flatten()
-        if len(tied):
-            argmax[tied] = logits[tied].argmax(dim=-1)
-    return ids[:, :k], values[:, :k], argmax
 
 
 def greedy_walk(tree: DraftTree, preds: list[int]) -> list[int]:

@@ -13,6 +13,10 @@
 // Summation is sequential over k in fp32 FMA, so results differ from oneDNN's or MKL's in the last
 // bits (the audit compares every output with transformers' generate()).
 //
+// A bfloat16 weight (packed the same way, half the bytes) is widened to float32 in registers: for
+// the LM head, whose greedy argmax oilbird/certified_head.py certifies against float32, this halves
+// the bytes a one-row forward streams; the arithmetic stays float32.
+//
 // Threads: ATen's pool (torch.set_num_threads) splits the output blocks.
 
 #include <torch/extension.h>
@@ -23,16 +27,20 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
                              const c10::optional<torch::Tensor>& mask, double scale,
                              const std::string& kernel, bool causal);  // tree_attention.cpp
 std::tuple<torch::Tensor, torch::Tensor> topk_rows(const torch::Tensor& x, int64_t k);  // topk.cpp
+std::tuple<torch::Tensor, torch::Tensor> certified_argmax(
+    const torch::Tensor& u, const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& norms,
+    double c);  // certified_argmax.cpp
 
-// W [N, K] (N a multiple of 16) -> the packed layout [N/16, K, 16].
+// W [N, K] float32 or bfloat16 (N a multiple of 16) -> the packed layout [N/16, K, 16], same dtype.
 torch::Tensor pack(const torch::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32, "pack: a 2-D float32 weight");
+  TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == torch::kFloat32 || w.scalar_type() == torch::kBFloat16),
+              "pack: a 2-D float32 or bfloat16 weight");
   const int64_t N = w.size(0), K = w.size(1);
   TORCH_CHECK(N % oilbird::kBlock == 0, "pack: out_features must be a multiple of 16 (pad the weight)");
   return w.contiguous().view({N / oilbird::kBlock, oilbird::kBlock, K}).transpose(1, 2).contiguous();
 }
 
-// x [M, K] float32 contiguous, packed [N/16, K, 16], bias [N] or None -> y [M, N].
+// x [M, K] float32 contiguous, packed [N/16, K, 16] float32 or bfloat16, bias [N] or None -> y [M, N] float32.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed,
                      const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32,
@@ -41,7 +49,11 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed,
   TORCH_CHECK(x.size(1) == K, "linear: x has ", x.size(1), " features, the weight ", K);
   auto y = torch::empty({M, N}, x.options());
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  oilbird::gemm(x.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, N, b);
+  if (packed.scalar_type() == torch::kBFloat16) {
+    oilbird::gemm(x.data_ptr<float>(), packed.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), M, K, N, b);
+  } else {
+    oilbird::gemm(x.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, N, b);
+  }
   return y;
 }
 
@@ -52,4 +64,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"), py::arg("kernel") = "",
         py::arg("causal") = false);
   m.def("topk_rows", &topk_rows, "top-k of each row, ties to the lower index");
+  m.def("certified_argmax", &certified_argmax,
+        "float32 argmax of each row from approximate logits and an error bound");
 }

@@ -1,0 +1,144 @@
+"""The verifier's LM heads (oilbird/lm_head.py, csrc/certified_argmax.cpp): the top-k and argmax of
+the model's logits; the certified head's logits from a bfloat16 copy of the weight, with argmaxes
+equal to float32's, even where bfloat16 alone flips them."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from oilbird.lm_head import CertifiedHead, certified_head_unavailable, error_coefficient, top_k_and_argmax
+from oilbird.errors import ModelError
+from oilbird.skinny_gemm import kernels, skinny_available
+from oilbird.verifier import TreeVerifier, VerifierConfig
+
+SKINNY, WHY = skinny_available()
+needs_kernels = pytest.mark.skipif(not SKINNY, reason=f"the kernels cannot run here: {WHY}")
+
+
+def head_of(weight: torch.Tensor) -> CertifiedHead:
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight.data.copy_(weight)
+    return CertifiedHead(linear)
+
+
+def float64_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (hidden.double() @ weight.double().T).argmax(dim=-1)
+
+
+def test_top_k_and_argmax_agree_and_ties_take_the_lowest_id():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0], [5.0, 1.0, 2.0, 0.0]])  # row 0: ids 1 and 3 tie
+    ids, values, argmax = top_k_and_argmax(logits, 3)
+    assert argmax.tolist() == [1, 0] == logits.argmax(dim=-1).tolist()
+    assert ids.shape == (2, 3) and values[:, 0].tolist() == [3.0, 5.0]
+    assert ids[1].tolist() == [0, 2, 1]
+    ids, _, argmax = top_k_and_argmax(logits, 1)
+    assert ids.shape == (2, 1) and argmax.tolist() == [1, 0]
+
+
+def test_the_error_coefficient_covers_bfloat16_rounding_and_float32_sums():
+    assert 2.0 ** -8 < error_coefficient(576) < 1.02 * (2.0 ** -8 + 4 * 576 * 2.0 ** -24) + 1e-9
+    assert error_coefficient(896) > error_coefficient(576)  # longer sums, larger bound
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 12, 13, 40])
+def test_bfloat16_weights_are_widened_and_summed_in_float32(rows):
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(300, 96, generator=g)  # 300: padded to a multiple of 16
+    x = torch.randn(rows, 96, generator=g)
+    packed = kernels().pack(torch.cat([weight, weight.new_zeros(4, 96)]).to(torch.bfloat16))
+    ours = kernels().linear(x, packed, None)[:, :300]
+    want = x.double() @ weight.to(torch.bfloat16).double().T  # the rounded weight, exact sums
+    assert ours.dtype == torch.float32
+    assert torch.allclose(ours.double(), want, atol=1e-4, rtol=1e-5)
+
+
+@needs_kernels
+def test_a_near_tie_that_bfloat16_flips_is_certified_right():
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 32, generator=g) * 0.1
+    hidden = torch.randn(5, 32, generator=g)
+    # Token 40 is token 7 plus a nudge bfloat16 rounds away: the two tie in bfloat16, and the
+    # bfloat16 argmax takes the lower id, 7; in float32 token 40 is larger by the nudge.
+    weight[7] = (hidden[0] * 3).to(torch.bfloat16).float()
+    weight[40] = weight[7] + 1e-4 * torch.sign(hidden[0]) * (weight[7].abs() < 1).float()
+    head = head_of(weight)
+    logits = head.logits(hidden)
+    assert logits[0, 7] == logits[0, 40]  # bfloat16 cannot tell them apart
+    assert logits[0].argmax().item() == 7
+    argmax, candidates = head.argmax(hidden, logits)
+    assert argmax[0].item() == 40 == float64_argmax(hidden, weight)[0].item()
+    assert candidates[0].item() >= 2  # both were computed again in float32
+
+
+@needs_kernels
+def test_exact_ties_take_the_lowest_id_and_clear_rows_need_no_recomputation():
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(256, 48, generator=g) * 0.05
+    hidden = torch.randn(4, 48, generator=g)
+    weight[200] = hidden[1] / hidden[1].norm()  # a clear winner for row 1 ...
+    weight[9] = weight[200]  # ... twice: the lower id wins
+    weight[77] = hidden[2] * 0.2  # a clear winner for row 2, once
+    head = head_of(weight)
+    argmax, candidates = head.argmax(hidden, head.logits(hidden))
+    assert argmax[1].item() == 9
+    assert argmax[2].item() == 77 and candidates[2].item() == 1
+
+
+@needs_kernels
+def test_random_rows_agree_with_float64_and_nan_rows_do_not_crash():
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(4096, 64, generator=g) * 0.1
+    hidden = torch.randn(500, 64, generator=g) * 3
+    head = head_of(weight)
+    logits = head.logits(hidden)
+    argmax, candidates = head.argmax(hidden, logits)
+    assert torch.equal(argmax, float64_argmax(hidden, weight))
+    assert (candidates >= 1).all() and candidates.float().mean() < 10  # few, but some
+    hidden[3] = float("nan")
+    argmax, candidates = head.argmax(hidden, head.logits(hidden))
+    assert 0 <= argmax[3].item() < 4096 and candidates[3].item() == 0
+
+
+def tiny_llama(**overrides) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, **overrides)
+    return LlamaForCausalLM(config).eval()
+
+
+@needs_kernels
+def test_where_it_applies_and_why_not():
+    assert certified_head_unavailable(tiny_llama()) is None
+    assert "scales" in certified_head_unavailable(tiny_llama(logit_scale=2.0))
+    assert "bfloat16" in certified_head_unavailable(tiny_llama().to(torch.bfloat16))
+    gpt2 = tiny_llama()
+    gpt2.config.model_type = "gpt2"  # a model type not known to apply its head unchanged
+    assert "not one known" in certified_head_unavailable(gpt2)
+    with pytest.raises(ModelError, match="head='model'"):
+        TreeVerifier(tiny_llama(logit_scale=2.0), {0}, VerifierConfig(head="certified"))
+    assert TreeVerifier(tiny_llama(logit_scale=2.0), {0}).head_kind == "model"  # 'auto' falls back
+    with pytest.raises(ValueError, match="head must be"):
+        VerifierConfig(head="bf16")
+
+
+@needs_kernels
+def test_the_real_model_verifies_the_same_tree_with_either_head(smol):
+    from oilbird.tree import DraftTree
+
+    prompt = smol.encode_chat([{"role": "user", "content": "List three colors of the rainbow."}])
+    model = smol.tree_model()
+    results = {}
+    for head in ("model", "certified"):
+        verifier = TreeVerifier(model, smol.stop_ids, VerifierConfig(head=head))
+        assert verifier.head_kind == head
+        state = verifier.prefill(prompt)
+        tree = DraftTree.root(prompt[-1])
+        for i, token in enumerate([1300, 25, 1303, 28, 30, 31, 2, 17, 18]):  # a bushy tree of 10 nodes
+            tree.add(i // 3, token, "test")
+        results[head] = verifier.verify(state, tree, hidden_layer=-1)
+    model_head, certified = results["model"], results["certified"]
+    assert torch.equal(model_head.argmax, certified.argmax)
+    assert model_head.committed == certified.committed and torch.equal(model_head.hidden, certified.hidden)
+    # the top-k for drafters comes from the bfloat16 copy: nearly the same ids
+    overlap = (model_head.topk_ids[:, :, None] == certified.topk_ids[:, None, :]).any(-1).float().mean()
+    assert overlap > 0.9
