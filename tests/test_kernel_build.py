@@ -10,7 +10,7 @@ import sysconfig
 import pytest
 from torch.utils.cpp_extension import include_paths
 
-from oilbird.skinny_gemm import CSRC, ISA_FLAGS, SOURCES, isa, skinny_available
+from oilbird.skinny_gemm import CSRC, ISA_FLAGS, SOURCES, flags, isa, skinny_available
 
 COMPILER = shutil.which(os.environ.get("CXX", "c++"))
 
@@ -23,12 +23,15 @@ def test_the_kernels_build_wherever_the_cpu_can_run_them():
 
 @pytest.mark.skipif(COMPILER is None, reason="no C++ compiler here: the kernels are optional and fall back")
 def test_every_source_compiles_for_the_instruction_sets_this_host_does_not_build():
-    """The AVX2 build and the AVX-512 build both compile, whichever this host runs (a kernel
-    written for one width once broke the other's build); the host's own is built by the test above."""
+    """The AVX2 build, the AVX-512 build and the AVX-512 build with bfloat16 dot products
+    (csrc/bf16_dot_gemm.cpp) all compile, whichever this host runs (a kernel written for one
+    width once broke the other's build); the host's own is built by the test above."""
     headers = [*include_paths(), sysconfig.get_paths()["include"], str(CSRC)]  # PyTorch's, Python's, ours
     includes = [f"-I{path}" for path in headers]
     jobs = {}
-    others = {" ".join(f): f for name, f in ISA_FLAGS.items() if f != ISA_FLAGS.get(isa() or "")}
+    variants = [ISA_FLAGS["AVX2"], ISA_FLAGS["AVX512"], [*ISA_FLAGS["AVX512"], "-mavx512bf16"]]
+    host = [f for f in flags() if f not in ("-O3", "-fopenmp")] if isa() else None
+    others = {" ".join(f): f for f in variants if f != host}
     for name, isa_flags in others.items():
         for source in SOURCES:
             command = [COMPILER, "-fsyntax-only", "-std=c++17", "-fopenmp", *isa_flags, *includes, str(source)]

@@ -1,6 +1,6 @@
-"""The verifier's LM heads (oilbird/lm_head.py, csrc/certified_argmax.cpp): the top-k and argmax of
-the model's logits; the certified head's logits from a bfloat16 copy of the weight, with argmaxes
-equal to float32's, even where bfloat16 alone flips them."""
+"""The verifier's LM heads (oilbird/lm_head.py, csrc/certified_topk.cpp): the top-k and argmax of
+the model's logits; the certified head's logits from a bfloat16 copy of the weight, with top-k and
+argmax equal to float32's, even where bfloat16 alone reorders them."""
 
 import pytest
 import torch
@@ -21,8 +21,11 @@ def head_of(weight: torch.Tensor) -> CertifiedHead:
     return CertifiedHead(linear)
 
 
-def float64_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return (hidden.double() @ weight.double().T).argmax(dim=-1)
+def float64_topk(hidden: torch.Tensor, weight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k: descending, ties by the lower id (a stable sort of the negated logits)."""
+    logits = hidden.double() @ weight.double().T
+    order = torch.sort(-logits, dim=-1, stable=True).indices[:, :k]
+    return logits.gather(1, order), order
 
 
 def test_top_k_and_argmax_agree_and_ties_take_the_lowest_id():
@@ -38,6 +41,7 @@ def test_top_k_and_argmax_agree_and_ties_take_the_lowest_id():
 def test_the_error_coefficient_covers_bfloat16_rounding_and_float32_sums():
     assert 2.0 ** -8 < error_coefficient(576) < 1.02 * (2.0 ** -8 + 4 * 576 * 2.0 ** -24) + 1e-9
     assert error_coefficient(896) > error_coefficient(576)  # longer sums, larger bound
+    assert error_coefficient(576, rounded_inputs=True) > 2 * 2.0 ** -8  # both sides rounded
 
 
 @needs_kernels
@@ -50,6 +54,18 @@ def test_bfloat16_weights_are_widened_and_summed_in_float32(rows):
     ours = kernels().linear(x, packed, None)[:, :300]
     want = x.double() @ weight.to(torch.bfloat16).double().T  # the rounded weight, exact sums
     assert ours.dtype == torch.float32
+    assert torch.allclose(ours.double(), want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.skipif(not SKINNY or not kernels().bf16_dot_available(), reason="no AVX512_BF16 kernel here")
+@pytest.mark.parametrize("rows", [1, 5, 12, 13, 40])
+def test_bfloat16_dot_products_round_both_sides_and_sum_in_float32(rows):
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(320, 95, generator=g).to(torch.bfloat16)  # odd width: padded with a zero
+    x = torch.randn(rows, 95, generator=g)
+    ours = kernels().linear_pairs(x, kernels().pack_pairs(weight))
+    want = x.to(torch.bfloat16).double() @ weight.double().T
+    assert ours.dtype == torch.float32 and ours.shape == (rows, 320)
     assert torch.allclose(ours.double(), want, atol=1e-4, rtol=1e-5)
 
 
@@ -66,9 +82,10 @@ def test_a_near_tie_that_bfloat16_flips_is_certified_right():
     logits = head.logits(hidden)
     assert logits[0, 7] == logits[0, 40]  # bfloat16 cannot tell them apart
     assert logits[0].argmax().item() == 7
-    argmax, candidates = head.argmax(hidden, logits)
-    assert argmax[0].item() == 40 == float64_argmax(hidden, weight)[0].item()
-    assert candidates[0].item() >= 2  # both were computed again in float32
+    values, ids, candidates = head.topk(hidden, logits, 3)
+    assert ids[0, 0].item() == 40 and ids[0, 1].item() == 7
+    assert torch.equal(ids, float64_topk(hidden, weight, 3)[1])
+    assert candidates[0].item() >= 3  # both and more were computed again in float32
 
 
 @needs_kernels
@@ -80,9 +97,11 @@ def test_exact_ties_take_the_lowest_id_and_clear_rows_need_no_recomputation():
     weight[9] = weight[200]  # ... twice: the lower id wins
     weight[77] = hidden[2] * 0.2  # a clear winner for row 2, once
     head = head_of(weight)
-    argmax, candidates = head.argmax(hidden, head.logits(hidden))
-    assert argmax[1].item() == 9
-    assert argmax[2].item() == 77 and candidates[2].item() == 1
+    _, ids, candidates = head.topk(hidden, head.logits(hidden), 1)
+    assert ids[1, 0].item() == 9
+    assert ids[2, 0].item() == 77 and candidates[2].item() == 1
+    values, ids, _ = head.topk(hidden, head.logits(hidden), 2)
+    assert ids[1].tolist() == [9, 200] and values[1, 0] == values[1, 1]
 
 
 @needs_kernels
@@ -92,12 +111,14 @@ def test_random_rows_agree_with_float64_and_nan_rows_do_not_crash():
     hidden = torch.randn(500, 64, generator=g) * 3
     head = head_of(weight)
     logits = head.logits(hidden)
-    argmax, candidates = head.argmax(hidden, logits)
-    assert torch.equal(argmax, float64_argmax(hidden, weight))
-    assert (candidates >= 1).all() and candidates.float().mean() < 10  # few, but some
+    values, ids, candidates = head.topk(hidden, logits, 10)
+    want_values, want_ids = float64_topk(hidden, weight, 10)
+    assert torch.equal(ids, want_ids)
+    assert torch.allclose(values.double(), want_values, atol=1e-5)
+    assert (candidates >= 10).all() and candidates.float().mean() < 40  # few beyond k, but some
     hidden[3] = float("nan")
-    argmax, candidates = head.argmax(hidden, head.logits(hidden))
-    assert 0 <= argmax[3].item() < 4096 and candidates[3].item() == 0
+    _, ids, candidates = head.topk(hidden, head.logits(hidden), 10)
+    assert ((0 <= ids[3]) & (ids[3] < 4096)).all() and candidates[3].item() == 0
 
 
 def tiny_llama(**overrides) -> LlamaForCausalLM:
@@ -139,6 +160,6 @@ def test_the_real_model_verifies_the_same_tree_with_either_head(smol):
     model_head, certified = results["model"], results["certified"]
     assert torch.equal(model_head.argmax, certified.argmax)
     assert model_head.committed == certified.committed and torch.equal(model_head.hidden, certified.hidden)
-    # the top-k for drafters comes from the bfloat16 copy: nearly the same ids
-    overlap = (model_head.topk_ids[:, :, None] == certified.topk_ids[:, None, :]).any(-1).float().mean()
-    assert overlap > 0.9
+    # drafters read the same top-k: float32's ids and values
+    assert torch.equal(model_head.topk_ids, certified.topk_ids)
+    assert torch.allclose(model_head.topk_logits, certified.topk_logits, atol=1e-4)

@@ -1,12 +1,13 @@
 """What a verification forward's LM head yields: top-k and argmax of the model's own logits
 (`top_k_and_argmax`), or of greedy verification's certified head (`CertifiedHead`), whose bfloat16
-copy streams half the bytes while its argmax stays float32's.
+copy streams half the bytes while its top-k and argmax stay float32's.
 
 A one-token forward of a small model is bound by reading its weights, and the LM head is a large
-share of them (SmolLM2-135M: 28M of 135M parameters; Qwen2.5-0.5B: 136M of 494M). Greedy
-verification needs only each row's argmax. `CertifiedHead` computes the logits from a bfloat16
-copy of the head's weight (our skinny kernel widens it to float32 in registers: every product
-and sum is float32, only the weight is rounded) and then recovers the float32 argmax exactly:
+share of them (SmolLM2-135M: 28M of 135M parameters; Qwen2.5-0.5B: 136M of 494M). Verification
+and the drafters need only each row's top-k (k = 10) and argmax. `CertifiedHead` computes the
+logits from a bfloat16 copy of the head's weight (our skinny kernel widens it to float32 in
+registers: every product and sum is float32, only the weight is rounded) and then recovers the
+float32 top-k exactly, from a bound on the copy's error:
 
     |u~[v] - u[v]| <= c * ||h|| * ||w[v]||    for every token v of a row with hidden state h,
 
@@ -16,14 +17,18 @@ moves each weight by at most 2^-8 of itself, so the sum moves by at most 2^-8 * 
 / (1 - d 2^-24) of the same quantity, paid once by the bfloat16 path, once by any float32
 evaluation the result must agree with, and once by the recomputation below. Hence
 c = 1.01 * (2^-8 + 4 gamma_d), the 1% covering the rounding of the norms and of the bound itself.
-A token whose upper bound falls below the row's best lower bound cannot be the float32 argmax;
-the few that remain (one in most rows; measured: docs/RESULTS.md) are computed again from the
-float32 weight, and the largest wins, the lowest id among exact ties (csrc/certified_argmax.cpp).
-Verification stays token-identical to float32 greedy decoding; the audit checks it as always.
+On a CPU with AVX512_BF16 the logits come from bfloat16 dot products (csrc/bf16_dot_gemm.cpp:
+twice the products per instruction of a float32 FMA), which round the hidden state to bfloat16
+as well: the rounding term becomes (1 + 2^-8)^2 - 1; products stay exact and sums float32. (That
+instruction also flushes values below 2^-126 to zero: an absolute error under d * 2^-126 per
+logit, some thirty orders of magnitude below a logit's own float32 rounding.)
+A token whose upper bound falls below the row's k-th best lower bound cannot be among the float32
+top k; the few that remain are computed again from the float32 weight and their top k taken,
+exact ties by the lower id (csrc/certified_topk.cpp; how many per row: scripts/certified_head.py,
+docs/RESULTS.md). Verification stays token-identical to float32 greedy decoding, and drafters
+read the same top-k as from the float32 head; the audit checks every output as always.
 
-The top-k the verifier hands to drafters comes from the bfloat16-weight logits: draft material,
-never what is verified. Sampling and FLy's loose rule need whole float32 distributions and run
-the model's own head.
+Sampling and FLy's loose rule need whole float32 distributions and run the model's own head.
 
 It applies to float32 models on a CPU where our kernels build, whose head is a plain linear
 layer without bias of a model type whose forward applies it unchanged (`SUPPORTED_MODEL_TYPES`:
@@ -43,10 +48,12 @@ BLOCK = 16
 """The skinny kernel packs outputs in blocks of 16 (the head's rows are padded to a multiple)."""
 
 
-def error_coefficient(hidden_size: int) -> float:
-    """c of the module docstring's bound for rows of `hidden_size` products."""
+def error_coefficient(hidden_size: int, rounded_inputs: bool = False) -> float:
+    """c of the module docstring's bound for rows of `hidden_size` products (`rounded_inputs`:
+    the hidden state is rounded to bfloat16 too, as the AVX512_BF16 kernel does)."""
     gamma = hidden_size * 2.0 ** -24 / (1 - hidden_size * 2.0 ** -24)
-    return 1.01 * (2.0 ** -8 + 4 * gamma)
+    rounding = (1 + 2.0 ** -8) ** 2 - 1 if rounded_inputs else 2.0 ** -8
+    return 1.01 * (rounding + 4 * gamma)
 
 
 def certified_head_unavailable(model: torch.nn.Module) -> str | None:
@@ -90,29 +97,37 @@ class CertifiedHead:
         self.weight = weight.contiguous()  # [V, d] float32, the original (no copy when contiguous)
         padded = -self.vocab % BLOCK
         low = torch.cat([weight, weight.new_zeros(padded, self.hidden)]) if padded else weight
-        self.packed = kernels().pack(low.to(torch.bfloat16))  # [V/16, d, 16] bfloat16
+        # AVX512_BF16 dot products where the CPU has them (twice the products per instruction;
+        # the hidden state is rounded too, which the coefficient covers), else bfloat16 weights
+        # widened to float32 (csrc/skinny_kernels.h).
+        self.dot = bool(kernels().bf16_dot_available())
+        low = low.to(torch.bfloat16)
+        self.packed = kernels().pack_pairs(low) if self.dot else kernels().pack(low)  # [V/16, d/2, 32] or [V/16, d, 16]
         # Row norms in float64, rounded up into float32, so the bound never shrinks by rounding.
         norms = weight.double().norm(dim=1)  # [V]
         self.norms = (norms * (1 + 2.0 ** -22)).float().contiguous()
-        self.coefficient = error_coefficient(self.hidden)
+        self.coefficient = error_coefficient(self.hidden, rounded_inputs=self.dot)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, d] final hidden states -> [N, V] float32 logits from the bfloat16 weight (approximate)."""
-        out = kernels().linear(hidden.float().contiguous(), self.packed, None)  # [N, V padded]
+        rows = hidden.float().contiguous()  # [N, d]
+        out = kernels().linear_pairs(rows, self.packed) if self.dot else kernels().linear(rows, self.packed, None)  # [N, V padded]
         return out[:, : self.vocab] if out.shape[1] != self.vocab else out
 
-    def argmax(self, hidden: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The float32 argmax of each row.
+    def topk(self, hidden: torch.Tensor, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The float32 top-k of each row, values included.
 
         Args:
             hidden: [N, d] the final hidden states the logits came from.
             logits: [N, V] their `logits` (bfloat16-weight, float32 values).
+            k: how many, 1 <= k <= V.
 
         Returns:
-            ([N] argmax ids, [N] how many tokens each row had to compute again in float32).
+            ([N, k] float32 logits, [N, k] ids: descending, exact ties by the lower id; so
+            ids[:, 0] is the argmax), and [N] how many tokens each row computed again in float32.
         """
-        return kernels().certified_argmax(logits.contiguous(), hidden.float().contiguous(), self.weight,
-                                          self.norms, self.coefficient)
+        return kernels().certified_topk(logits.contiguous(), hidden.float().contiguous(), self.weight,
+                                        self.norms, self.coefficient, k)
 
 
 def top_k_and_argmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

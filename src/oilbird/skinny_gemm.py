@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp", CSRC / "certified_argmax.cpp"]  # the module's translation units
+SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp",
+           CSRC / "certified_topk.cpp", CSRC / "bf16_dot_gemm.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_online.h",
            CSRC / "tree_attention_avx2.h"]
 # Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).
@@ -46,9 +47,21 @@ def isa() -> str | None:
     return capability if capability in ISA_FLAGS else None
 
 
+@lru_cache(maxsize=1)
+def has_bf16_dot() -> bool:
+    """True when the CPU reports AVX512_BF16 (bfloat16 dot products: csrc/bf16_dot_gemm.cpp)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: the bfloat16 kernel is not built
+        return False
+    flags_line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return "avx512_bf16" in flags_line.split()
+
+
 def flags() -> list[str]:
     """The compiler flags for this CPU (the kernels are built only where `isa()` is not None)."""
-    return ["-O3", *ISA_FLAGS.get(isa() or "", []), "-fopenmp"]
+    bf16 = ["-mavx512bf16"] if isa() in ("AVX512", "AMX") and has_bf16_dot() else []
+    return ["-O3", *ISA_FLAGS.get(isa() or "", []), *bf16, "-fopenmp"]
 
 
 @contextmanager

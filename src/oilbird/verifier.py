@@ -52,7 +52,7 @@ class VerifierConfig:
     top_k: int = 10
     """Top-k token ids exposed per node (the widest consumer, GOOSE's adjacency table, uses 10; Token Recycling reads the first 8)."""
     head: str = "auto"
-    """LM head of greedy verification: 'certified' (a bfloat16 copy, half the bytes; each row's float32 argmax recovered exactly from an error bound, oilbird/certified_head.py), 'model' (the model's own), 'auto' (certified where it applies: float32 on a CPU with our kernels, a supported model type). Sampling and FLy always use the model's."""
+    """LM head of greedy verification: 'certified' (a bfloat16 copy, half the bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/lm_head.py), 'model' (the model's own), 'auto' (certified where it applies: float32 on a CPU with our kernels, a supported model type). Sampling and FLy always use the model's."""
     harvest_dtype: str = "auto"
     """Dtype of the LM-head pass that harvests the prompt's top-k for drafters (GOOSE, Oilbird): draft material only, never what is verified. 'auto': bfloat16 on a CPU with bfloat16 GEMM (AVX-512 BF16 or AMX; about 3x faster than float32 there), else the model's; 'model': the model's own dtype."""
 
@@ -343,8 +343,9 @@ class TreeVerifier:
     def _forward(self, inputs: dict, greedy: bool):
         """The forward of `verify`: (model output, [N, V] logits, [N, k] top-k ids and logits, [N] argmax).
 
-        Greedy forwards on the certified head run the decoder and take the logits from the
-        bfloat16 copy and the argmax certified in float32; the rest run the model's own head.
+        Greedy forwards on the certified head run the decoder, take the logits from the bfloat16
+        copy (approximate; only FLy and sampling read them, and they run the model's head) and
+        the top-k and argmax certified in float32; the rest run the model's own head.
         """
         if not greedy or self.head_kind != "certified":
             out = self.model(**inputs)
@@ -355,9 +356,8 @@ class TreeVerifier:
         out = self.model.get_decoder()(**inputs)
         final = out.last_hidden_state[0]  # [N, hidden], after the final norm
         logits = self._head.logits(final)  # [N, V], bfloat16 weight
-        topk_logits, topk_ids = fast_topk(logits, self.config.top_k)  # draft material
-        argmax, _ = self._head.argmax(final, logits)  # [N], float32-exact
-        return out, logits, topk_ids, topk_logits, argmax
+        topk_logits, topk_ids, _ = self._head.topk(final, logits, self.config.top_k)  # [N, k], float32's
+        return out, logits, topk_ids, topk_logits, topk_ids[:, 0].clone()
 
     def _walk(self, tree: DraftTree, logits: torch.Tensor, preds: list[int], sampler: Sampler | None):
         """The accepted path: greedy, FLy's loose rule, or rejection sampling (with `sampler`).

@@ -14,7 +14,7 @@
 // bits (the audit compares every output with transformers' generate()).
 //
 // A bfloat16 weight (packed the same way, half the bytes) is widened to float32 in registers: for
-// the LM head, whose greedy argmax oilbird/certified_head.py certifies against float32, this halves
+// the LM head, whose greedy argmax oilbird/lm_head.py certifies against float32, this halves
 // the bytes a one-row forward streams; the arithmetic stays float32.
 //
 // Threads: ATen's pool (torch.set_num_threads) splits the output blocks.
@@ -27,9 +27,12 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
                              const c10::optional<torch::Tensor>& mask, double scale,
                              const std::string& kernel, bool causal);  // tree_attention.cpp
 std::tuple<torch::Tensor, torch::Tensor> topk_rows(const torch::Tensor& x, int64_t k);  // topk.cpp
-std::tuple<torch::Tensor, torch::Tensor> certified_argmax(
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> certified_topk(
     const torch::Tensor& u, const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& norms,
-    double c);  // certified_argmax.cpp
+    double c, int64_t k);  // certified_topk.cpp
+bool bf16_dot_available();                                                        // bf16_dot_gemm.cpp
+torch::Tensor pack_pairs(const torch::Tensor& w);                                 // bf16_dot_gemm.cpp
+torch::Tensor linear_pairs(const torch::Tensor& x, const torch::Tensor& packed);  // bf16_dot_gemm.cpp
 
 // W [N, K] float32 or bfloat16 (N a multiple of 16) -> the packed layout [N/16, K, 16], same dtype.
 torch::Tensor pack(const torch::Tensor& w) {
@@ -64,6 +67,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"), py::arg("kernel") = "",
         py::arg("causal") = false);
   m.def("topk_rows", &topk_rows, "top-k of each row, ties to the lower index");
-  m.def("certified_argmax", &certified_argmax,
-        "float32 argmax of each row from approximate logits and an error bound");
+  m.def("certified_topk", &certified_topk,
+        "float32 top-k of each row from approximate logits and an error bound");
+  m.def("bf16_dot_available", &bf16_dot_available, "whether the AVX512_BF16 GEMM was built");
+  m.def("pack_pairs", &pack_pairs, "pack a [N, K] bfloat16 weight into [N/16, K/2, 32] input pairs");
+  m.def("linear_pairs", &linear_pairs, "y = bf16(x) @ W^T on AVX512_BF16 dot products");
 }

@@ -1,0 +1,96 @@
+"""The certified LM head on real traffic: do its top-k and argmax equal float32's, how many tokens
+per row must it compute again, and what does the head cost against the float32 one.
+
+Decodes the first `--requests` API-Bank requests greedily with transformers (the audit's
+reference), runs one forward over each prompt + output, and takes the final hidden state at the
+last `--positions` positions of each (decoding's own rows). For those rows it reports:
+- how often the bfloat16-weight logits' own argmax and top-k differ from float32's (what an
+  uncertified bfloat16 head would get wrong), and how often the certified ones do (must be never,
+  up to float32 near-ties, which summation order decides);
+- the number of candidate tokens the bound leaves per row (all computed again in float32);
+- ms of the head at 1, 8, 16 and 64 rows: our float32 kernel, the certified head's bfloat16
+  logits + certification, fastest of `--repeats`.
+docs/RESULTS.md, issue 15, records its output.
+
+Usage:
+  .venv/bin/python scripts/certified_head.py --threads 2
+  .venv/bin/python scripts/certified_head.py --threads 2 --model qwen2.5-coder-0.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from oilbird.datasets import load_dataset
+from oilbird.lm_head import CertifiedHead, top_k_and_argmax
+from oilbird.models import DEFAULT_MODEL, load_model
+from oilbird.skinny_gemm import SkinnyLinear
+
+
+def final_hidden_rows(loaded, requests: int, positions: int, new_tokens: int) -> torch.Tensor:
+    """[rows, hidden] final hidden states at the last `positions` positions of greedy decodes."""
+    rows = []
+    with torch.inference_mode():
+        for request in load_dataset("api-bank", limit=requests):
+            ids = torch.tensor([loaded.encode_chat(list(request.messages), tools=request.tools)])
+            out = loaded.model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+            forward = loaded.model(out, output_hidden_states=True)
+            rows.append(forward.hidden_states[-1][0, -positions:])  # [positions, hidden]
+    return torch.cat(rows)
+
+
+def fastest_ms(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--positions", type=int, default=64, help="rows per request (its last positions)")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--top-k", type=int, default=10, help="the verifier's top-k (VerifierConfig.top_k)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    hidden = final_hidden_rows(loaded, args.requests, args.positions, args.new_tokens)  # [rows, d]
+    head_weight = loaded.model.get_output_embeddings().weight
+    certified = CertifiedHead(loaded.model.get_output_embeddings())
+    with torch.inference_mode():
+        exact = (hidden @ head_weight.T).topk(args.top_k, dim=-1).indices  # [rows, k], float32
+        logits = certified.logits(hidden)
+        _, ids, candidates = certified.topk(hidden, logits, args.top_k)
+    rows = len(hidden)
+    q = torch.quantile(candidates.float(), torch.tensor([0.5, 0.9, 0.99, 1.0])).tolist()
+    print(f"{args.model}: {rows} rows ({args.requests} API-Bank requests x last {args.positions} positions)")
+    approximate = logits.topk(args.top_k, dim=-1).indices
+    print(f"- bfloat16-weight argmax != float32 argmax: {int((approximate[:, 0] != exact[:, 0]).sum())} rows; "
+          f"top-{args.top_k} ids differ: {int((approximate != exact).any(-1).sum())} rows")
+    print(f"- certified argmax != float32 argmax: {int((ids[:, 0] != exact[:, 0]).sum())} rows; "
+          f"top-{args.top_k} ids differ: {int((ids != exact).any(-1).sum())} rows")
+    print(f"- candidates per row: mean {candidates.float().mean():.2f}, median {q[0]:.0f}, p90 {q[1]:.0f}, "
+          f"p99 {q[2]:.0f}, max {q[3]:.0f}; rows with one: {(candidates == 1).float().mean():.1%}")
+    fp32 = SkinnyLinear(loaded.model.get_output_embeddings())
+    print(f"\nLM head, ms (fastest of {args.repeats}), {args.threads} threads\n")
+    print("| rows | float32 (skinny) + top-k | certified (bfloat16 logits + top-k) | ratio |\n| ---: | ---: | ---: | ---: |")
+    with torch.inference_mode():
+        for n in (1, 8, 16, 64):
+            h = hidden[:n].contiguous()
+            full = fastest_ms(lambda: top_k_and_argmax(fp32(h), args.top_k), args.repeats)
+            ours = fastest_ms(lambda: certified.topk(h, certified.logits(h), args.top_k), args.repeats)
+            print(f"| {n} | {full:.2f} | {ours:.2f} | {ours / full:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
