@@ -20,9 +20,9 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from attention_cost import fastest_ms  # scripts/ is on the path when run as a script
 
 from oilbird.datasets import load_dataset
 from oilbird.lm_head import CertifiedHead, top_k_and_argmax
@@ -40,16 +40,6 @@ def final_hidden_rows(loaded, requests: int, positions: int, new_tokens: int) ->
             forward = loaded.model(out, output_hidden_states=True)
             rows.append(forward.hidden_states[-1][0, -positions:])  # [positions, hidden]
     return torch.cat(rows)
-
-
-def fastest_ms(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 def main() -> None:

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from oilbird.lm_head import CertifiedHead, certified_head_unavailable, top_k_and_argmax
 from oilbird.errors import ModelError
 from oilbird.fly import FlyConfig, entropy, fly_walk
 from oilbird.kernels import harvest_head
 from oilbird.kv_cache import TreeCache, compact_cache, new_cache
+from oilbird.lm_head import CertifiedHead, certified_head_unavailable, top_k_and_argmax
 from oilbird.sampling import Sampler, calibration_terms, sample_walk, warped_probs
 from oilbird.skinny_gemm import topk as fast_topk
 from oilbird.tree import DraftTree
@@ -338,7 +338,6 @@ class TreeVerifier:
                             topk_logits=topk_logits, hidden=hidden, path=path,
                             committed=committed, finished=finished, forgiven=forgiven,
                             sample_terms=terms, forward_s=t2 - t1, bookkeeping_s=(t1 - t0) + (t3 - t2))
-
 
     def _forward(self, inputs: dict, greedy: bool):
         """The forward of `verify`: (model output, [N, V] logits, [N, k] top-k ids and logits, [N] argmax).

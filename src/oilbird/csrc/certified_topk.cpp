@@ -88,7 +88,9 @@ int64_t row_topk(const float* u, const float* h, const float* w, const float* no
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
   std::partial_sort(cand.begin(), cand.begin() + std::min(k, n), cand.end(), first);
-  for (int64_t i = 0; i < k; ++i) vals[i] = cand[i].first, ids[i] = cand[i].second;
+  // n >= k: the k tokens that set the floor are candidates (upper >= lower >= floor); the guard
+  // keeps a row readable should rounding ever break that.
+  for (int64_t i = 0; i < k; ++i) vals[i] = i < n ? cand[i].first : -INFINITY, ids[i] = i < n ? cand[i].second : 0;
   return std::isfinite(floor) && std::isfinite(s) ? n : 0;
 }
 
