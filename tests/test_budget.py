@@ -202,7 +202,6 @@ def test_a_stale_cached_curve_is_measured_again_and_a_kept_one_is_not_rechecked(
     assert json.loads(cache.read_text())[key]["points"] == {str(n): t for n, t in fresh.points.items()}
 
 
-
 def test_a_recheck_times_the_smallest_size_and_where_curves_bend():
     from oilbird.budget import recheck_sizes
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from oilbird.kernels import describe_kernels
-from oilbird.skinny_gemm import source_key
+from oilbird.skinny_gemm import cpu_info, source_key
 from oilbird.tree import DraftTree
 
 
@@ -245,12 +245,8 @@ def host_cpu() -> str:
     Part of the cost-curve key, so a cache carried to another machine is not reused there (two
     hosts that both call themselves 'AMD EPYC' may differ by a generation and by AVX-512).
     """
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            fields.setdefault(name.strip(), value.strip())
-    except OSError:  # not Linux: the platform's own description
+    fields = cpu_info()
+    if not fields:  # not Linux: the platform's own description
         return platform.machine() + "/" + (platform.processor() or "unknown")
     flags = fields.get("flags", "").split()
     isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "base"

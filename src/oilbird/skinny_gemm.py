@@ -34,7 +34,7 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp",
            CSRC / "certified_topk.cpp", CSRC / "bf16_dot_gemm.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_online.h",
-           CSRC / "tree_attention_avx2.h"]
+           CSRC / "tree_attention_avx2.h", CSRC / "topk_scan.h"]
 # Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).
 ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AMX": ["-mavx512f", "-mavx2", "-mfma"],
              "AVX2": ["-mavx2", "-mfma"]}
@@ -48,14 +48,21 @@ def isa() -> str | None:
 
 
 @lru_cache(maxsize=1)
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ('flags', 'cpu family', ...); {} where there is none."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+    except OSError:  # not Linux
+        pass
+    return fields
+
+
 def has_bf16_dot() -> bool:
     """True when the CPU reports AVX512_BF16 (bfloat16 dot products: csrc/bf16_dot_gemm.cpp)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: the bfloat16 kernel is not built
-        return False
-    flags_line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return "avx512_bf16" in flags_line.split()
+    return "avx512_bf16" in cpu_info().get("flags", "").split()
 
 
 def flags() -> list[str]:

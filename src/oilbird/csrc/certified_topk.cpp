@@ -12,7 +12,7 @@
 // transformers' greedy decoding order them. So the result is float32's top-k and argmax, values
 // included, not the bfloat16 copy's.
 //
-// Per row: one pass for the lower bounds (and a selection of their k-th), one for the candidates,
+// Per row: one pass for the lower bounds and their k-th best (topk_scan.h), one for the candidates,
 // one dot product of length d per candidate. Threads: ATen's pool splits the rows.
 
 #include <torch/extension.h>
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "simd.h"
+#include "topk_scan.h"
 
 namespace {
 
@@ -46,28 +47,14 @@ float dot(const float* h, const float* w, int64_t d) {
 int64_t row_topk(const float* u, const float* h, const float* w, const float* norms, int64_t V, int64_t d,
                  float s, int64_t k, float* vals, int64_t* ids) {
   const v::vf sv = v::set1(s);
-  // Pass 1: the k-th best lower bound u - s * norm (k tokens surely reach it), by a scan against
-  // the k-th best so far: almost every block fails the comparison and costs one instruction.
-  std::vector<float> best;  // descending, at most k
-  best.reserve(k + 1);
-  float kth = -INFINITY;
-  auto offer = [&](float x) {
-    if (static_cast<int64_t>(best.size()) == k && !(x > kth)) return;
-    best.insert(std::upper_bound(best.begin(), best.end(), x, std::greater<float>()), x);
-    if (static_cast<int64_t>(best.size()) > k) best.pop_back();
-    if (static_cast<int64_t>(best.size()) == k) kth = best.back();
-  };
+  // Pass 1: the k-th best lower bound u - s * norm (k tokens surely reach it).
+  std::vector<float> lower(V), best(k);
+  std::vector<int64_t> best_ids(k);
   int64_t j = 0;
-  for (; j + v::kLanes <= V; j += v::kLanes) {
-    const v::vf lower = v::fnmadd(sv, v::load(norms + j), v::load(u + j));
-    uint32_t m = static_cast<int64_t>(best.size()) < k ? (1u << v::kLanes) - 1 : v::greater_bits(lower, v::set1(kth));
-    for (; m; m &= m - 1) {
-      const int b = __builtin_ctz(m);
-      offer(u[j + b] - s * norms[j + b]);
-    }
-  }
-  for (; j < V; ++j) offer(u[j] - s * norms[j]);
-  const float floor = static_cast<int64_t>(best.size()) == k ? kth : -INFINITY;
+  for (; j + v::kLanes <= V; j += v::kLanes) v::store(lower.data() + j, v::fnmadd(sv, v::load(norms + j), v::load(u + j)));
+  for (; j < V; ++j) lower[j] = u[j] - s * norms[j];
+  oilbird::row_topk(lower.data(), V, k, best.data(), best_ids.data());
+  const float floor = best[k - 1];
   std::vector<std::pair<float, int64_t>> cand;  // (value, id)
   if (!std::isfinite(floor) || !std::isfinite(s)) {  // NaN or infinite logits: no bound holds
     for (j = 0; j < V; ++j) cand.emplace_back(std::isnan(u[j]) ? -INFINITY : u[j], j);

@@ -17,43 +17,11 @@
 #include <limits>
 #include <tuple>
 
-#include "simd.h"
+#include "topk_scan.h"
 
 namespace {
 
-namespace v = oilbird::simd;
-
-template <typename T>
-void row_topk(const T* x, int64_t V, int64_t k, float* vals, int64_t* ids) {
-  int64_t filled = 0;
-  float thr = -std::numeric_limits<float>::infinity();  // the k-th best so far
-  auto insert = [&](float v, int64_t j) {
-    int64_t p = filled < k ? filled++ : k - 1;
-    while (p > 0 && vals[p - 1] < v) {  // strictly smaller move down: ties keep the lower index
-      vals[p] = vals[p - 1];
-      ids[p] = ids[p - 1];
-      --p;
-    }
-    vals[p] = v;
-    ids[p] = j;
-    if (filled == k) thr = vals[k - 1];
-  };
-  int64_t j = 0;
-  for (; j < V && filled < k; ++j) insert(static_cast<float>(x[j]), j);  // the first k enter
-  for (; j + v::kLanes <= V; j += v::kLanes) {
-    uint32_t m = v::greater_bits(v::load(x + j), v::set1(thr));
-    while (m) {
-      const int b = __builtin_ctz(m);
-      const float v = static_cast<float>(x[j + b]);
-      if (v > thr) insert(v, j + b);  // the threshold may have risen within the block
-      m &= m - 1;
-    }
-  }
-  for (; j < V; ++j) {
-    const float v = static_cast<float>(x[j]);
-    if (v > thr) insert(v, j);
-  }
-}
+using oilbird::row_topk;
 
 template <typename T>
 void all_rows(const torch::Tensor& x, int64_t k, float* vals, int64_t* ids) {
