@@ -9,7 +9,10 @@ last `--positions` positions of each (decoding's own rows). For those rows it re
   up to float32 near-ties, which summation order decides);
 - the number of candidate tokens the bound leaves per row (all computed again in float32);
 - ms of the head at 1, 8, 16 and 64 rows: our float32 kernel, the certified head's bfloat16
-  logits + certification, fastest of `--repeats`.
+  logits + certification, fastest of `--repeats`;
+- whole verification forwards (`TreeVerifier.verify` on a 512-token cache, chains of 1, 8, 16
+  and 64 nodes) with head='model' and head='certified', alternating for `--rounds` rounds on one
+  model copy, fastest per size: what the head saves a forward, and t(n)/t(1) under each head.
 docs/RESULTS.md, issue 15, records its output.
 
 Usage:
@@ -24,10 +27,16 @@ import argparse
 import torch
 from attention_cost import fastest_ms  # scripts/ is on the path when run as a script
 
+from oilbird.budget import probe_times
 from oilbird.datasets import load_dataset
 from oilbird.lm_head import CertifiedHead, top_k_and_argmax
 from oilbird.models import DEFAULT_MODEL, load_model
 from oilbird.skinny_gemm import SkinnyLinear
+from oilbird.verifier import TreeVerifier, VerifierConfig
+
+
+FORWARD_SIZES = [1, 8, 16, 64]
+"""Tree sizes (nodes) of the whole-forward A/B: the issue's cost-curve points."""
 
 
 def final_hidden_rows(loaded, requests: int, positions: int, new_tokens: int) -> torch.Tensor:
@@ -42,6 +51,25 @@ def final_hidden_rows(loaded, requests: int, positions: int, new_tokens: int) ->
     return torch.cat(rows)
 
 
+def whole_forward_ab(loaded, rounds: int) -> None:
+    """Prints ms per verification forward under each head, alternating heads round by round."""
+    model = loaded.tree_model()
+    heads = {head: TreeVerifier(model, loaded.stop_ids, VerifierConfig(head=head))
+             for head in ("model", "certified")}
+    best = {head: {} for head in heads}
+    for round_ in range(rounds):
+        for head in (("model", "certified") if round_ % 2 == 0 else ("certified", "model")):
+            for n, seconds in probe_times(heads[head], FORWARD_SIZES, prefix_len=512, repeats=1).items():
+                best[head][n] = min(best[head].get(n, float("inf")), seconds)
+    print(f"\nWhole verification forwards, ms (512-token cache, fastest of {rounds} alternating rounds)\n")
+    print("| nodes | head='model' | head='certified' | ratio | t(n)/t(1) model | t(n)/t(1) certified |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for n in FORWARD_SIZES:
+        plain, ours = best["model"][n], best["certified"][n]
+        print(f"| {n} | {plain * 1e3:.2f} | {ours * 1e3:.2f} | {ours / plain:.3f} | "
+              f"{plain / best['model'][1]:.2f} | {ours / best['certified'][1]:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -51,6 +79,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--top-k", type=int, default=10, help="the verifier's top-k (VerifierConfig.top_k)")
+    parser.add_argument("--rounds", type=int, default=10, help="alternating rounds of the whole-forward A/B")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
@@ -80,6 +109,7 @@ def main() -> None:
             full = fastest_ms(lambda: top_k_and_argmax(fp32(h), args.top_k), args.repeats)
             ours = fastest_ms(lambda: certified.topk(h, certified.logits(h), args.top_k), args.repeats)
             print(f"| {n} | {full:.2f} | {ours:.2f} | {ours / full:.2f} |")
+    whole_forward_ab(loaded, args.rounds)
 
 
 if __name__ == "__main__":

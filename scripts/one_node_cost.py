@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from oilbird.budget import probe_tokens
 from oilbird.models import load_model
 from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier
@@ -27,7 +28,7 @@ def main() -> None:
     loaded = load_model(args.model, log=lambda message: None)
     verifier = TreeVerifier(loaded.tree_model(), loaded.stop_ids)
     vocab = loaded.model.config.vocab_size
-    state = verifier.prefill([(7 * i + 3) % vocab for i in range(args.prefix + 1)])
+    state = verifier.prefill(probe_tokens(vocab, args.prefix + 1))
     anchor, prefix, cpu = state.anchor, state.length, torch.device("cpu")
     old, new = [], []
     with torch.inference_mode():

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from oilbird.budget import probe_tokens
 from oilbird.models import load_model
 from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier
@@ -30,11 +31,12 @@ from oilbird.verifier import TreeVerifier
 def verify_probe(verifier, prefix: int):
     """A probe that verifies a chain of n nodes on a cache of `prefix` tokens, then rolls back."""
     vocab = verifier.model.config.vocab_size
-    state = verifier.prefill([(7 * i + 3) % vocab for i in range(prefix + 1)])
+    tokens = probe_tokens(vocab, prefix + 1 + 1024)  # room for any chain profiled
+    state = verifier.prefill(tokens[: prefix + 1])
     anchor = state.anchor
 
     def probe(n: int) -> None:
-        verifier.verify(state, DraftTree.chain(anchor, [(11 * i + 5) % vocab for i in range(n - 1)], "probe"))
+        verifier.verify(state, DraftTree.chain(anchor, tokens[prefix + 1: prefix + n], "probe"))
         state.cache.crop(-(state.length - prefix))
         state.length, state.anchor = prefix, anchor
 
@@ -44,7 +46,7 @@ def verify_probe(verifier, prefix: int):
 def prefill_probe(verifier):
     """A probe that prefills a fresh prompt of n tokens (no cached prefix): a request's first cost."""
     vocab = verifier.model.config.vocab_size
-    return lambda n: verifier.prefill([(7 * i + 3) % vocab for i in range(n + 1)])
+    return lambda n: verifier.prefill(probe_tokens(vocab, n + 1))
 
 
 def profile_sizes(probe, sizes: list[int], repeats: int, what: str) -> dict[int, dict[str, float]]:

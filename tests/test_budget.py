@@ -208,3 +208,30 @@ def test_a_recheck_times_the_smallest_size_and_where_curves_bend():
     assert recheck_sizes({n: 0.0 for n in (1, 2, 4, 8, 16, 32, 64, 128)}) == [1, 8, 16, 64]
     assert recheck_sizes({1: 0.0, 2: 0.0, 4: 0.0}) == [1, 4]  # none of 8, 16, 64: the largest
     assert recheck_sizes({4: 0.0}) == [4] and recheck_sizes({}) == []
+
+
+def test_the_probe_is_predicted_like_traffic_not_like_noise(smol):
+    """The curve's probe tokens leave the certified LM head few tokens to compute again, as
+    traffic does (~48 per row on API-Bank); unrelated tokens, the old probe, leave several times
+    more, and the curve charged the head for them."""
+    import pytest
+    import torch
+
+    from oilbird.budget import PROBE_PERIOD, probe_tokens
+    from oilbird.lm_head import CertifiedHead, certified_head_unavailable
+
+    why = certified_head_unavailable(smol.model)
+    if why is not None:
+        pytest.skip(f"no certified head here: {why}")
+    vocab = smol.model.config.vocab_size
+    tokens = probe_tokens(vocab, 300)
+    assert tokens[:PROBE_PERIOD] == tokens[PROBE_PERIOD: 2 * PROBE_PERIOD] and max(tokens) < vocab
+    head = CertifiedHead(smol.model.get_output_embeddings())
+
+    def candidates(ids: list[int]) -> float:
+        with torch.inference_mode():
+            final = smol.model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, -64:]
+            return head.topk(final, head.logits(final), 10)[2].float().mean().item()
+
+    probe, noise = candidates(tokens), candidates([(7 * i + 3) % vocab for i in range(300)])
+    assert probe < 100 and 2 * probe < noise, (probe, noise)

@@ -32,6 +32,17 @@ def test_a_reused_prefix_gives_the_full_prefills_next_token(verifier, api_bank_p
     assert torch.allclose(a, b, atol=1e-3), (a - b).abs().max()
 
 
+def test_a_short_reused_prefix_gives_the_full_prefills_next_token(verifier, api_bank_prompts):
+    """A prompt short enough for the skinny kernel's causal mode (no mask over a cached prefix;
+    oilbird.tree_attention.prefix_causal_mask) matches its full prefill too."""
+    prompt = api_bank_prompts[0][:400]
+    old = verifier.prefill(prompt[:100] + [prompt[0]] * 20)
+    state = verifier.prefill(prompt, CachedPrefix(old.cache, 100))  # 299 rows over 100 cached
+    full = verifier.prefill(prompt)
+    a, b = next_logits(verifier, state), next_logits(verifier, full)
+    assert torch.allclose(a, b, atol=1e-3), (a - b).abs().max()
+
+
 def test_an_observed_prefill_reuses_the_earlier_observation(verifier, api_bank_prompts):
     first, second = api_bank_prompts[0], api_bank_prompts[1]
     shared = common_prefix(first[:-1], second[:-1])

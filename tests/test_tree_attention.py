@@ -167,3 +167,39 @@ def test_causal_attention_refuses_a_mask_and_the_online_kernel():
         kernels().tree_attention(q, k, v, torch.zeros(1, 1, 4, 4), 0.125, causal=True)
     with pytest.raises(RuntimeError, match="causal attention takes no mask"):
         kernels().tree_attention(q, k, v, None, 0.125, "online", causal=True)
+
+
+def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():
+    """`prefix_causal_mask` returns None exactly where the mask would be plain causal (one
+    sequence, no padding, the forward's tokens the last keys, enough of them); elsewhere it is
+    SDPA's builder."""
+    from transformers.masking_utils import sdpa_mask
+
+    from oilbird.tree_attention import prefix_causal_mask
+
+    assert prefix_causal_mask(1, 300, 353, q_offset=53) is None  # a prefill over 53 cached rows
+    assert prefix_causal_mask(1, 30, 30, attention_mask=torch.ones(1, 30, dtype=torch.bool)) is None
+    padded = torch.ones(1, 353, dtype=torch.bool)
+    padded[0, :3] = False
+    for args, kwargs in (((1, 300, 353), {"q_offset": 53, "attention_mask": padded}),
+                         ((2, 300, 353), {"q_offset": 53}),
+                         ((1, 300, 360), {"q_offset": 53}),
+                         ((1, 30, 83), {"q_offset": 53})):  # fewer rows than CAUSAL_MIN_ROWS
+        ours = prefix_causal_mask(*args, **kwargs)
+        assert ours is not None and torch.equal(ours, sdpa_mask(*args, **kwargs))
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+@pytest.mark.parametrize("cached,nodes", [(53, 30), (700, 100)])
+def test_an_unmasked_prefill_over_a_cached_prefix_is_causal_lower_right(cached, nodes):
+    """No mask over N < S keys: query n sees keys [0, S - N + n], on the kernel (53 cached) and,
+    past CAUSAL_MAX_KV_BYTES (700 cached), on its masked path with the mask spelled out."""
+    g = torch.Generator().manual_seed(cached)
+    module = Attn(3)
+    query = torch.randn(1, 9, nodes, 64, generator=g)
+    key, value = torch.randn(2, 1, 3, cached + nodes, 64, generator=g)
+    allowed = torch.ones(nodes, cached + nodes, dtype=torch.bool).tril(cached)  # [N, S]
+    ref = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed,
+                                                           enable_gqa=True).transpose(1, 2)
+    ours, _ = skinny_tree_attention(module, query, key, value, None)
+    assert torch.allclose(ours, ref, atol=3e-6, rtol=1e-5), (ours - ref).abs().max()

@@ -19,12 +19,15 @@ steps included (1.4-3.3x at 1-8 nodes, 1.0-1.2x at 64, one or two threads; docs/
 issue 15); on an AVX-512 host the same up to 4 queries and online-softmax attention on 16-lane
 registers from 5. One-token steps (no mask) use it too, and so does a prefill (several tokens, no
 mask: causal) of up to `CAUSAL_MAX_KV_BYTES`, in the two-pass kernel's causal mode, which skips
-the keys a tile of rows cannot see. Exact up to rounding (it sums in another
+the keys a tile of rows cannot see; a prefill over a reused cached prefix too, since the mask
+builder registered with it (`prefix_causal_mask`) leaves out the causal mask SDPA's builds there
+(past `CAUSAL_MAX_KV_BYTES` that mask is made here and runs the kernel's masked path). Exact up to rounding (it sums in another
 order), float32 on a CPU, head_dim 64 or 128; anything else goes to SDPA as above.
 
 The functions are registered under `TREE_ATTENTION` and `SKINNY_ATTENTION` through transformers'
-`AttentionInterface` (and SDPA's mask builder under the same names through
-`AttentionMaskInterface`, so `generate()` and the prefill build exactly the masks SDPA would). A
+`AttentionInterface` (and a mask builder under the same names through `AttentionMaskInterface`:
+SDPA's for `TREE_ATTENTION`, so `generate()` and the prefill build exactly the masks SDPA would;
+`prefix_causal_mask` for `SKINNY_ATTENTION`). A
 model opts in with `model.set_attn_implementation(TREE_ATTENTION)`; `oilbird.kernels.tree_model`
 does that on its own copy of the model, never on the caller's.
 """
@@ -34,7 +37,7 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
 
 from oilbird.errors import ModelError
 from oilbird.skinny_gemm import kernels
@@ -82,6 +85,59 @@ this many bytes (768 keys at head_dim 64), so that they stay in a core's L2 cach
 was faster there (scripts/attention_cost.py --prefill; docs/RESULTS.md, issue 15)."""
 
 
+CAUSAL_MIN_ROWS = 256
+"""A prefill over a cached prefix takes the causal mode from this many rows: below it the masked
+path (the online kernel on AVX-512) was as fast or up to ~5% faster; from it the causal mode was
+5-12% faster (scripts/prefix_prefill_cost.py; docs/RESULTS.md, issue 15)."""
+
+
+def causal_mask(queries: int, keys: int, dtype: torch.dtype,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """The additive causal mask of `queries` new tokens over `keys` (the last `queries` of them).
+
+    Query n sees keys [0, keys - queries + n]: the lower-right alignment of a prefill over a
+    cached prefix, which SDPA's `is_causal` (upper-left) does not give when keys > queries.
+
+    Returns:
+        [1, 1, queries, keys] tensor: 0 where a query attends, the dtype's minimum elsewhere.
+    """
+    rows = torch.arange(queries, device=device).unsqueeze(1) + (keys - queries)  # [queries, 1]
+    hidden = torch.arange(keys, device=device).unsqueeze(0) > rows  # [queries, keys]
+    mask = torch.zeros(queries, keys, dtype=dtype, device=device)
+    mask.masked_fill_(hidden, torch.finfo(dtype).min)
+    return mask[None, None]  # [1, 1, queries, keys]
+
+
+def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
+                       kv_offset: int = 0, mask_function=causal_mask_function,
+                       attention_mask: torch.Tensor | None = None,
+                       allow_is_causal_skip: bool = True, **kwargs) -> torch.Tensor | None:
+    """SDPA's mask builder, except that a plain causal prefill over a cached prefix gets no mask.
+
+    `sdpa_mask` returns None (causal, no mask built) only when the forward's tokens are all the
+    keys; a prefill over a reused prefix (`oilbird.prefix_cache`) then gets an [N, S] mask, and
+    the skinny kernel would run its masked path. `skinny_tree_attention` reads "no mask, several
+    tokens" as causal with lower-right alignment, for any number of cached keys, so here the
+    mask is left out whenever it would be exactly that (one sequence, no padding, plain causal)
+    and the prefill has `CAUSAL_MIN_ROWS` rows or more.
+
+    Args and Returns: as transformers' `sdpa_mask` (the `AttentionMaskInterface` signature).
+    """
+    if kv_length != q_length and q_length < CAUSAL_MIN_ROWS:
+        return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                         mask_function=mask_function, attention_mask=attention_mask,
+                         allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+    plain = (batch_size == 1 and kv_offset == 0 and allow_is_causal_skip
+             and mask_function is causal_mask_function and kwargs.get("local_size") is None
+             and kv_length == int(q_offset) + q_length
+             and (attention_mask is None or bool(attention_mask.all())))
+    if plain:
+        return None
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                     mask_function=mask_function, attention_mask=attention_mask,
+                     allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
 def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                           value: torch.Tensor, attention_mask: torch.Tensor | None,
                           dropout: float = 0.0, scaling: float | None = None,
@@ -90,12 +146,20 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
 
     Args and Returns: as `tree_attention`.
     """
-    # Without a mask a forward of several tokens is causal (a prefill): the kernel's causal mode.
+    # Without a mask a forward of several tokens is causal (a prefill, perhaps over a cached
+    # prefix: `prefix_causal_mask`): the kernel's causal mode, lower-right aligned.
     causal = attention_mask is None and query.shape[2] > 1
-    if ((causal and 2 * key.shape[2] * key.shape[3] * key.element_size() > CAUSAL_MAX_KV_BYTES)
-            or query.shape[0] != 1 or dropout
-            or query.dtype != torch.float32 or query.device.type != "cpu"
-            or query.shape[-1] not in SKINNY_HEAD_DIMS or kwargs.get("s_aux") is not None):
+    too_long = causal and 2 * key.shape[2] * key.shape[3] * key.element_size() > CAUSAL_MAX_KV_BYTES
+    covered = (query.shape[0] == 1 and not dropout and query.dtype == torch.float32
+               and query.device.type == "cpu" and query.shape[-1] in SKINNY_HEAD_DIMS
+               and kwargs.get("s_aux") is None)
+    if causal and key.shape[2] != query.shape[2] and (too_long or not covered):
+        # Over a cached prefix, beyond the causal mode: the causal mask spelled out, as SDPA's
+        # builder makes it (SDPA's `is_causal` aligns upper-left, right only when S == N). A long
+        # one runs the kernel's masked path, measured faster than SDPA with a mask there.
+        attention_mask = causal_mask(query.shape[2], key.shape[2], query.dtype, query.device)
+        causal = too_long = False
+    if too_long or not covered:  # too long: a prompt prefilled whole, SDPA's `is_causal`
         return tree_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if attention_mask is not None and attention_mask.dtype == torch.bool:  # True = attend
         attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill_(
@@ -107,7 +171,7 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
 AttentionInterface.register(TREE_ATTENTION, tree_attention)
 AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
 AttentionInterface.register(SKINNY_ATTENTION, skinny_tree_attention)
-AttentionMaskInterface.register(SKINNY_ATTENTION, sdpa_mask)
+AttentionMaskInterface.register(SKINNY_ATTENTION, prefix_causal_mask)
 
 
 def check_tree_attention(config) -> None:
