@@ -7,7 +7,8 @@ last `--positions` positions of each (decoding's own rows). For those rows it re
 - how often the bfloat16-weight logits' own argmax and top-k differ from float32's (what an
   uncertified bfloat16 head would get wrong), and how often the certified ones do (must be never,
   up to float32 near-ties, which summation order decides);
-- the number of candidate tokens the bound leaves per row (all computed again in float32);
+- the number of candidate tokens the bound leaves per row (all computed again in float32), and
+  the mean on the last 64 rows of the cost curve's probe and of unrelated tokens;
 - ms of the head at 1, 8, 16 and 64 rows: our float32 kernel, the certified head's bfloat16
   logits + certification, fastest of `--repeats`;
 - whole verification forwards (`TreeVerifier.verify` on a 512-token cache, chains of 1, 8, 16
@@ -27,7 +28,7 @@ import argparse
 import torch
 from attention_cost import fastest_ms  # scripts/ is on the path when run as a script
 
-from oilbird.budget import probe_times
+from oilbird.budget import probe_times, probe_tokens
 from oilbird.datasets import load_dataset
 from oilbird.lm_head import CertifiedHead, top_k_and_argmax
 from oilbird.models import DEFAULT_MODEL, load_model
@@ -49,6 +50,16 @@ def final_hidden_rows(loaded, requests: int, positions: int, new_tokens: int) ->
             forward = loaded.model(out, output_hidden_states=True)
             rows.append(forward.hidden_states[-1][0, -positions:])  # [positions, hidden]
     return torch.cat(rows)
+
+
+def probe_candidates(loaded, certified: CertifiedHead, top_k: int) -> str:
+    """Mean tokens computed again per row on the cost curve's probe rows and on unrelated tokens."""
+    vocab, means = loaded.model.config.vocab_size, []
+    for ids in (probe_tokens(vocab, 512 + 64), [(7 * i + 3) % vocab for i in range(512 + 64)]):
+        with torch.inference_mode():
+            final = loaded.model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, -64:]
+            means.append(certified.topk(final, certified.logits(final), top_k)[2].float().mean().item())
+    return f"{means[0]:.1f} on the cost curve's probe rows (budget.probe_tokens), {means[1]:.1f} on unrelated tokens"
 
 
 def whole_forward_ab(loaded, rounds: int) -> None:
@@ -100,6 +111,7 @@ def main() -> None:
           f"top-{args.top_k} ids differ: {int((ids != exact).any(-1).sum())} rows")
     print(f"- candidates per row: mean {candidates.float().mean():.2f}, median {q[0]:.0f}, p90 {q[1]:.0f}, "
           f"p99 {q[2]:.0f}, max {q[3]:.0f}; rows with one: {(candidates == 1).float().mean():.1%}")
+    print(f"- candidates per row, mean: {probe_candidates(loaded, certified, args.top_k)}")
     fp32 = SkinnyLinear(loaded.model.get_output_embeddings())
     print(f"\nLM head, ms (fastest of {args.repeats}), {args.threads} threads\n")
     print("| rows | float32 (skinny) + top-k | certified (bfloat16 logits + top-k) | ratio |\n| ---: | ---: | ---: | ---: |")
