@@ -5,11 +5,12 @@ the engine prefills only what follows the longest prefix it still holds (oilbird
 transformers' SDPA mask builder gives such a prefill an [N, S] causal mask, which sends it to the
 skinny kernel's masked path; `oilbird.tree_attention.prefix_causal_mask` leaves the mask out, and
 the kernel runs its causal mode (it skips the keys a tile of rows cannot see) while one head's
-keys and values fit `CAUSAL_MAX_KV_BYTES`. This script times both on the make-bench requests
+keys and values fit `CAUSAL_MAX_KV_BYTES`. This script times them on the make-bench requests
 (API-Bank, `--per-category` per file, stream order), each prefilled over its predecessor's shared
 prefix, on one model whose skinny attention runs under each mask builder in turn (the order
-alternating per request), fastest of `--repeats`. It prints the summed seconds,
-ms per prefilled token and the largest difference between the two next-token logits.
+reversed every other request), fastest of `--repeats`: ours (the causal mode from `CAUSAL_MIN_ROWS`
+rows), ours from one row, and SDPA's builder. Each request's line gives the three times in that
+order; the table sums them, and the last line is the largest next-token logit difference.
 
 Usage:
   .venv/bin/python scripts/prefix_prefill_cost.py --threads 2
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import time
 
 import torch
@@ -29,7 +31,7 @@ from oilbird.datasets import load_dataset
 from oilbird.models import load_model
 from oilbird.prefix_cache import PrefixCacheConfig, common_prefix
 from oilbird.tree import DraftTree
-from oilbird.tree_attention import SKINNY_ATTENTION, prefix_causal_mask
+from oilbird.tree_attention import CAUSAL_MIN_ROWS, SKINNY_ATTENTION, prefix_causal_mask
 from oilbird.verifier import CachedPrefix, TreeVerifier
 
 
@@ -69,31 +71,35 @@ def main() -> None:
     verifier = TreeVerifier(loaded.tree_model(), loaded.stop_ids)
     if verifier.model.config._attn_implementation != SKINNY_ATTENTION:
         raise SystemExit("the skinny attention kernel does not run here; nothing to compare")
-    total = {"causal mode (prefix_causal_mask)": 0.0, "masked path (sdpa_mask)": 0.0}
-    rows, worst = 0, 0.0
-    count = 0
+    builders = {f"causal mode from {CAUSAL_MIN_ROWS} rows (the default)": prefix_causal_mask,
+                "causal mode from 1 row": functools.partial(prefix_causal_mask, min_rows=1),
+                "masked path (sdpa_mask)": sdpa_mask}
+    total = dict.fromkeys(builders, 0.0)
+    rows, worst, count = 0, 0.0, 0
     for i in range(1, len(prompts)):
         shared = common_prefix(prompts[i - 1][:-1], prompts[i][:-1])
         if shared < PrefixCacheConfig().min_match:
             continue  # the engine would prefill it whole
-        logits, ms = {}, {}
-        for which in ((0, 1) if i % 2 else (1, 0)):
-            with mask_builder((prefix_causal_mask, sdpa_mask)[which]):
-                seconds, logits[which] = timed_prefill(verifier, prompts[i], prompts[i - 1], shared, args.repeats)
-            total[list(total)[which]] += seconds
-            ms[which] = seconds * 1e3
+        logits, ms = [], []
+        order = list(builders) if i % 2 else list(builders)[::-1]  # who goes first alternates
+        for name in order:
+            with mask_builder(builders[name]):
+                seconds, next_logits = timed_prefill(verifier, prompts[i], prompts[i - 1], shared, args.repeats)
+            total[name] += seconds
+            logits.append(next_logits)
+            ms.append(seconds * 1e3)
+        ms = [ms[order.index(name)] for name in builders]
         rows, count = rows + len(prompts[i]) - 1 - shared, count + 1
-        worst = max(worst, (logits[0] - logits[1]).abs().max().item())
-        print(f"request {i}: {len(prompts[i])} tokens, {len(prompts[i]) - 1 - shared} prefilled "
-              f"over {shared} cached: {ms[0]:.1f} ms causal mode, {ms[1]:.1f} ms masked", flush=True)
+        worst = max(worst, max((x - logits[0]).abs().max().item() for x in logits))
+        print(f"request {i}: {len(prompts[i]) - 1 - shared} rows over {shared} cached: "
+              + " / ".join(f"{t:.1f}" for t in ms) + " ms", flush=True)
     print(f"\n{count} prefills over a cached prefix, {rows} rows, {args.threads} threads, "
           f"fastest of {args.repeats}")
-    print("| mask builder | seconds | ms per prefilled row |\n| --- | ---: | ---: |")
+    print("| mask builder | seconds | ms per prefilled row | x the default |\n| --- | ---: | ---: | ---: |")
+    default = next(iter(total.values()))
     for name, seconds in total.items():
-        print(f"| {name} | {seconds:.3f} | {seconds / rows * 1e3:.3f} |")
-    first, second = total.values()
-    print(f"\nratio masked / causal: {second / first:.3f}; largest next-token logit difference {worst:.2e}")
-
+        print(f"| {name} | {seconds:.3f} | {seconds / rows * 1e3:.3f} | {seconds / default:.3f} |")
+    print(f"\nlargest next-token logit difference between the builders: {worst:.2e}")
 
 if __name__ == "__main__":
     main()

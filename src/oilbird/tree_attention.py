@@ -111,7 +111,8 @@ def causal_mask(queries: int, keys: int, dtype: torch.dtype,
 def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
                        kv_offset: int = 0, mask_function=causal_mask_function,
                        attention_mask: torch.Tensor | None = None,
-                       allow_is_causal_skip: bool = True, **kwargs) -> torch.Tensor | None:
+                       allow_is_causal_skip: bool = True, min_rows: int = CAUSAL_MIN_ROWS,
+                       **kwargs) -> torch.Tensor | None:
     """SDPA's mask builder, except that a plain causal prefill over a cached prefix gets no mask.
 
     `sdpa_mask` returns None (causal, no mask built) only when the forward's tokens are all the
@@ -119,11 +120,12 @@ def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset:
     the skinny kernel would run its masked path. `skinny_tree_attention` reads "no mask, several
     tokens" as causal with lower-right alignment, for any number of cached keys, so here the
     mask is left out whenever it would be exactly that (one sequence, no padding, plain causal)
-    and the prefill has `CAUSAL_MIN_ROWS` rows or more.
+    and the prefill has `min_rows` rows or more.
 
-    Args and Returns: as transformers' `sdpa_mask` (the `AttentionMaskInterface` signature).
+    Args and Returns: as transformers' `sdpa_mask` (the `AttentionMaskInterface` signature), and
+        min_rows: fewer rows over a cached prefix keep SDPA's mask (the kernel's masked path).
     """
-    if kv_length != q_length and q_length < CAUSAL_MIN_ROWS:
+    if kv_length != q_length and q_length < min_rows:
         return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                          mask_function=mask_function, attention_mask=attention_mask,
                          allow_is_causal_skip=allow_is_causal_skip, **kwargs)
