@@ -8,9 +8,9 @@ the kernel runs its causal mode (it skips the keys a tile of rows cannot see) wh
 keys and values fit `CAUSAL_MAX_KV_BYTES`. This script times them on the make-bench requests
 (API-Bank, `--per-category` per file, stream order), each prefilled over its predecessor's shared
 prefix, on one model whose skinny attention runs under each mask builder in turn (the order
-reversed every other request), fastest of `--repeats`: ours (the causal mode from `CAUSAL_MIN_ROWS`
-rows), ours from one row, and SDPA's builder. Each request's line gives the three times in that
-order; the table sums them, and the last line is the largest next-token logit difference.
+reversed every other request), fastest of `--repeats`: ours (the causal mode) and SDPA's builder
+(the masked path). Each request's line gives the two times in that order; the table sums them,
+and the last line is the largest next-token logit difference.
 
 Usage:
   .venv/bin/python scripts/prefix_prefill_cost.py --threads 2
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import time
 
 import torch
@@ -31,7 +30,7 @@ from oilbird.datasets import load_dataset
 from oilbird.models import load_model
 from oilbird.prefix_cache import PrefixCacheConfig, common_prefix
 from oilbird.tree import DraftTree
-from oilbird.tree_attention import CAUSAL_MIN_ROWS, SKINNY_ATTENTION, prefix_causal_mask
+from oilbird.tree_attention import SKINNY_ATTENTION, prefix_causal_mask
 from oilbird.verifier import CachedPrefix, TreeVerifier
 
 
@@ -71,8 +70,7 @@ def main() -> None:
     verifier = TreeVerifier(loaded.tree_model(), loaded.stop_ids)
     if verifier.model.config._attn_implementation != SKINNY_ATTENTION:
         raise SystemExit("the skinny attention kernel does not run here; nothing to compare")
-    builders = {f"causal mode from {CAUSAL_MIN_ROWS} rows (the default)": prefix_causal_mask,
-                "causal mode from 1 row": functools.partial(prefix_causal_mask, min_rows=1),
+    builders = {"causal mode (prefix_causal_mask, the default)": prefix_causal_mask,
                 "masked path (sdpa_mask)": sdpa_mask}
     total = dict.fromkeys(builders, 0.0)
     rows, worst, count = 0, 0.0, 0

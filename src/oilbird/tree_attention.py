@@ -85,12 +85,6 @@ this many bytes (768 keys at head_dim 64), so that they stay in a core's L2 cach
 was faster there (scripts/attention_cost.py --prefill; docs/RESULTS.md, issue 15)."""
 
 
-CAUSAL_MIN_ROWS = 256
-"""A prefill over a cached prefix takes the causal mode from this many rows: below it the masked
-path (the online kernel on AVX-512) was as fast or up to ~5% faster; from it the causal mode was
-5-12% faster (scripts/prefix_prefill_cost.py; docs/RESULTS.md, issue 15)."""
-
-
 def causal_mask(queries: int, keys: int, dtype: torch.dtype,
                 device: torch.device | str = "cpu") -> torch.Tensor:
     """The additive causal mask of `queries` new tokens over `keys` (the last `queries` of them).
@@ -111,24 +105,19 @@ def causal_mask(queries: int, keys: int, dtype: torch.dtype,
 def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
                        kv_offset: int = 0, mask_function=causal_mask_function,
                        attention_mask: torch.Tensor | None = None,
-                       allow_is_causal_skip: bool = True, min_rows: int = CAUSAL_MIN_ROWS,
-                       **kwargs) -> torch.Tensor | None:
+                       allow_is_causal_skip: bool = True, **kwargs) -> torch.Tensor | None:
     """SDPA's mask builder, except that a plain causal prefill over a cached prefix gets no mask.
 
     `sdpa_mask` returns None (causal, no mask built) only when the forward's tokens are all the
     keys; a prefill over a reused prefix (`oilbird.prefix_cache`) then gets an [N, S] mask, and
     the skinny kernel would run its masked path. `skinny_tree_attention` reads "no mask, several
     tokens" as causal with lower-right alignment, for any number of cached keys, so here the
-    mask is left out whenever it would be exactly that (one sequence, no padding, plain causal)
-    and the prefill has `min_rows` rows or more.
+    mask is left out whenever it would be exactly that: one sequence, no padding, plain causal.
+    On the make-bench requests that made such prefills 2% faster in sum than the masked path
+    (scripts/prefix_prefill_cost.py; docs/RESULTS.md, issue 15).
 
-    Args and Returns: as transformers' `sdpa_mask` (the `AttentionMaskInterface` signature), and
-        min_rows: fewer rows over a cached prefix keep SDPA's mask (the kernel's masked path).
+    Args and Returns: as transformers' `sdpa_mask` (the `AttentionMaskInterface` signature).
     """
-    if kv_length != q_length and q_length < min_rows:
-        return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
-                         mask_function=mask_function, attention_mask=attention_mask,
-                         allow_is_causal_skip=allow_is_causal_skip, **kwargs)
     plain = (batch_size == 1 and kv_offset == 0 and allow_is_causal_skip
              and mask_function is causal_mask_function and kwargs.get("local_size") is None
              and kv_length == int(q_offset) + q_length
