@@ -21,15 +21,16 @@ registers from 5. One-token steps (no mask) use it too, and so does a prefill (s
 mask: causal) of up to `CAUSAL_MAX_KV_BYTES`, in the two-pass kernel's causal mode, which skips
 the keys a tile of rows cannot see; a prefill over a reused cached prefix too, since the mask
 builder registered with it (`prefix_causal_mask`) leaves out the causal mask SDPA's builds there
-(past `CAUSAL_MAX_KV_BYTES` that mask is made here and runs the kernel's masked path). Exact up to rounding (it sums in another
-order), float32 on a CPU, head_dim 64 or 128; anything else goes to SDPA as above.
+(past `CAUSAL_MAX_KV_BYTES` that mask is made here and runs the kernel's masked path). Exact up
+to rounding (it sums in another order), float32 on a CPU, head_dim 64 or 128; anything else goes
+to SDPA as above.
 
 The functions are registered under `TREE_ATTENTION` and `SKINNY_ATTENTION` through transformers'
 `AttentionInterface` (and a mask builder under the same names through `AttentionMaskInterface`:
 SDPA's for `TREE_ATTENTION`, so `generate()` and the prefill build exactly the masks SDPA would;
-`prefix_causal_mask` for `SKINNY_ATTENTION`). A
-model opts in with `model.set_attn_implementation(TREE_ATTENTION)`; `oilbird.kernels.tree_model`
-does that on its own copy of the model, never on the caller's.
+`prefix_causal_mask` for `SKINNY_ATTENTION`). A model opts in with
+`model.set_attn_implementation(TREE_ATTENTION)`; `oilbird.kernels.tree_model` does that on its
+own copy of the model, never on the caller's.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     if causal and key.shape[2] != query.shape[2] and (too_long or not covered):
         # Over a cached prefix, beyond the causal mode: the causal mask spelled out, as SDPA's
         # builder makes it (SDPA's `is_causal` aligns upper-left, right only when S == N). A long
-        # one runs the kernel's masked path, measured faster than SDPA with a mask there.
+        # one runs the kernel's masked path, as it did under SDPA's builder.
         attention_mask = causal_mask(query.shape[2], key.shape[2], query.dtype, query.device)
         causal = too_long = False
     if too_long or not covered:  # too long: a prompt prefilled whole, SDPA's `is_causal`
