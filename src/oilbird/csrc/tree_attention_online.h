@@ -14,8 +14,8 @@
 //
 // Grouped-query attention without copies: every query head of a key/value head's group reads
 // that head's keys and values in place (rows of the cache, any head stride). Keys are packed per
-// call into [S/16][D][16] so that 16 keys' scores come from D broadcast FMAs (on AVX-512 by 16 x 16
-// transposes in registers, `transpose16`); values are read as cache rows. exp is simd::exp (a degree-7 polynomial, ~1e-7 relative).
+// call into [S/16][D][16] so that 16 keys' scores come from D broadcast FMAs; values are read as
+// cache rows. exp is simd::exp (a degree-7 polynomial, ~1e-7 relative).
 //
 // Supported: head_dim 64 or 128, mask [N, S] additive float32 (finfo.min or -inf where masked).
 
@@ -145,62 +145,6 @@ void attend(const Problem& p) {
 // Keys [1, Hkv, S, D] (any head and row stride) packed as [Hkv, Sp/16, D, 16], zero past S, so
 // that 16 keys' scores come from D broadcast FMAs. One block of 16 keys per task, on ATen's
 // threads: the copy is a sizeable share of a small forward's attention.
-#if defined(__AVX512F__)
-// out[i * 16 + j] = rows[j][i] for i, j < 16: a 16 x 16 block of keys (16 keys, 16 dims each)
-// transposed in registers, four rounds of shuffles (pairs of floats, of float pairs, of 128-bit
-// lanes twice). A null row reads as zeros (the padding keys past S).
-static_assert(kKeys == 16, "transpose16 packs blocks of 16 keys");
-inline void transpose16(const float* const* rows, float* out) {
-  __m512 r[16], t[16];
-  for (int j = 0; j < 16; ++j) r[j] = rows[j] ? _mm512_loadu_ps(rows[j]) : _mm512_setzero_ps();
-  for (int j = 0; j < 16; j += 2) {
-    t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
-    t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
-  }
-  for (int j = 0; j < 16; j += 4) {
-    const __m512d a = _mm512_castps_pd(t[j]), b = _mm512_castps_pd(t[j + 1]);
-    const __m512d c = _mm512_castps_pd(t[j + 2]), d = _mm512_castps_pd(t[j + 3]);
-    r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  for (int j = 0; j < 4; ++j) {
-    t[j] = _mm512_shuffle_f32x4(r[j], r[j + 4], 0x88);
-    t[j + 4] = _mm512_shuffle_f32x4(r[j], r[j + 4], 0xdd);
-    t[j + 8] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], 0x88);
-    t[j + 12] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], 0xdd);
-  }
-  for (int j = 0; j < 8; ++j) {
-    _mm512_storeu_ps(out + j * 16, _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88));
-    _mm512_storeu_ps(out + (j + 8) * 16, _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd));
-  }
-}
-#endif
-
-// One block of 16 keys (rows first.. of a head, zeros past S) -> out [D][16].
-inline void pack_block(const float* head, int64_t row_stride, int64_t first, int64_t S, int64_t D,
-                       float* out) {
-#if defined(__AVX512F__)
-  if (D % 16 == 0) {
-    const float* rows[kKeys];
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      for (int64_t j = 0; j < kKeys; ++j) rows[j] = first + j < S ? head + (first + j) * row_stride + d0 : nullptr;
-      transpose16(rows, out + d0 * kKeys);
-    }
-    return;
-  }
-#endif
-  for (int64_t j = 0; j < kKeys; ++j) {
-    if (first + j < S) {
-      const float* row = head + (first + j) * row_stride;
-      for (int64_t d = 0; d < D; ++d) out[d * kKeys + j] = row[d];
-    } else {
-      for (int64_t d = 0; d < D; ++d) out[d * kKeys + j] = 0.0f;
-    }
-  }
-}
-
 torch::Tensor pack_keys(const torch::Tensor& k, int64_t Sp) {
   const int64_t Hkv = k.size(1), S = k.size(2), D = k.size(3), blocks = Sp / kKeys;
   auto keys = torch::empty({Hkv, blocks, D, kKeys}, k.options());
@@ -209,8 +153,16 @@ torch::Tensor pack_keys(const torch::Tensor& k, int64_t Sp) {
   const int64_t head_stride = k.stride(1), row_stride = k.stride(2);
   at::parallel_for(0, Hkv * blocks, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t h = b / blocks;
-      pack_block(src + h * head_stride, row_stride, (b % blocks) * kKeys, S, D, dst + b * D * kKeys);
+      const int64_t h = b / blocks, first = (b % blocks) * kKeys;
+      float* out = dst + b * D * kKeys;
+      for (int64_t j = 0; j < kKeys; ++j) {
+        const float* row = src + h * head_stride + (first + j) * row_stride;
+        if (first + j < S) {
+          for (int64_t d = 0; d < D; ++d) out[d * kKeys + j] = row[d];
+        } else {
+          for (int64_t d = 0; d < D; ++d) out[d * kKeys + j] = 0.0f;
+        }
+      }
     }
   });
   return keys;
