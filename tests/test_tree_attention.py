@@ -171,21 +171,28 @@ def test_causal_attention_refuses_a_mask_and_the_online_kernel():
 
 def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():
     """`prefix_causal_mask` returns None exactly where the mask would be plain causal (one
-    sequence, no padding, the forward's tokens the last keys); elsewhere it is SDPA's builder."""
+    sequence, no padding, the forward's tokens the last keys) and the keys fit the kernel's causal
+    mode; elsewhere it is SDPA's builder."""
+    from types import SimpleNamespace
+
     from transformers.masking_utils import sdpa_mask
 
     from oilbird.tree_attention import prefix_causal_mask
 
-    assert prefix_causal_mask(1, 300, 353, q_offset=53) is None  # a prefill over 53 cached rows
-    assert prefix_causal_mask(1, 30, 83, q_offset=53) is None
-    assert prefix_causal_mask(1, 30, 30, attention_mask=torch.ones(1, 30, dtype=torch.bool)) is None
+    config = SimpleNamespace(head_dim=64)  # 768 keys fit CAUSAL_MAX_KV_BYTES at head_dim 64
+    assert prefix_causal_mask(1, 300, 353, q_offset=53, config=config) is None  # over 53 cached rows
+    assert prefix_causal_mask(1, 30, 83, q_offset=53, config=config) is None
+    assert prefix_causal_mask(1, 30, 30, attention_mask=torch.ones(1, 30, dtype=torch.bool), config=config) is None
     padded = torch.ones(1, 353, dtype=torch.bool)
     padded[0, :3] = False
     for args, kwargs in (((1, 300, 353), {"q_offset": 53, "attention_mask": padded}),
                          ((2, 300, 353), {"q_offset": 53}),
-                         ((1, 300, 360), {"q_offset": 53})):
-        ours = prefix_causal_mask(*args, **kwargs)
+                         ((1, 300, 360), {"q_offset": 53}),
+                         ((1, 100, 900), {"q_offset": 800})):  # too many keys for the causal mode
+        ours = prefix_causal_mask(*args, **kwargs, config=config)
         assert ours is not None and torch.equal(ours, sdpa_mask(*args, **kwargs))
+    assert torch.equal(prefix_causal_mask(1, 300, 353, q_offset=53),  # no config: SDPA's, to be safe
+                       sdpa_mask(1, 300, 353, q_offset=53))
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")

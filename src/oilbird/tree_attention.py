@@ -21,7 +21,7 @@ registers from 5. One-token steps (no mask) use it too, and so does a prefill (s
 mask: causal) of up to `CAUSAL_MAX_KV_BYTES`, in the two-pass kernel's causal mode, which skips
 the keys a tile of rows cannot see; a prefill over a reused cached prefix too, since the mask
 builder registered with it (`prefix_causal_mask`) leaves out the causal mask SDPA's builds there
-(past `CAUSAL_MAX_KV_BYTES` that mask is made here and runs the kernel's masked path). Exact up
+(past `CAUSAL_MAX_KV_BYTES` it keeps that mask, for the kernel's masked path). Exact up
 to rounding (it sums in another order), float32 on a CPU, head_dim 64 or 128; anything else goes
 to SDPA as above.
 
@@ -86,21 +86,9 @@ this many bytes (768 keys at head_dim 64), so that they stay in a core's L2 cach
 was faster there (scripts/attention_cost.py --prefill; docs/RESULTS.md, issue 15)."""
 
 
-def causal_mask(queries: int, keys: int, dtype: torch.dtype,
-                device: torch.device | str = "cpu") -> torch.Tensor:
-    """The additive causal mask of `queries` new tokens over `keys` (the last `queries` of them).
-
-    Query n sees keys [0, keys - queries + n]: the lower-right alignment of a prefill over a
-    cached prefix, which SDPA's `is_causal` (upper-left) does not give when keys > queries.
-
-    Returns:
-        [1, 1, queries, keys] tensor: 0 where a query attends, the dtype's minimum elsewhere.
-    """
-    rows = torch.arange(queries, device=device).unsqueeze(1) + (keys - queries)  # [queries, 1]
-    hidden = torch.arange(keys, device=device).unsqueeze(0) > rows  # [queries, keys]
-    mask = torch.zeros(queries, keys, dtype=dtype, device=device)
-    mask.masked_fill_(hidden, torch.finfo(dtype).min)
-    return mask[None, None]  # [1, 1, queries, keys]
+def causal_mode_fits(keys: int, head_dim: int, element_size: int = 4) -> bool:
+    """Whether a causal prefill over `keys` keys runs the kernel's causal mode (`CAUSAL_MAX_KV_BYTES`)."""
+    return 2 * keys * head_dim * element_size <= CAUSAL_MAX_KV_BYTES
 
 
 def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
@@ -113,13 +101,18 @@ def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset:
     keys; a prefill over a reused prefix (`oilbird.prefix_cache`) then gets an [N, S] mask, and
     the skinny kernel would run its masked path. `skinny_tree_attention` reads "no mask, several
     tokens" as causal with lower-right alignment, for any number of cached keys, so here the
-    mask is left out whenever it would be exactly that: one sequence, no padding, plain causal.
-    On the make-bench requests that made such prefills 2% faster in sum than the masked path
+    mask is left out whenever it would be exactly that (one sequence, no padding, plain causal)
+    and the keys fit the causal mode (`causal_mode_fits`); longer ones keep SDPA's mask, built
+    here once per forward, for the kernel's masked path. On the make-bench requests that made such prefills 2% faster in sum than the masked path
     (scripts/prefix_prefill_cost.py; docs/RESULTS.md, issue 15).
 
     Args and Returns: as transformers' `sdpa_mask` (the `AttentionMaskInterface` signature).
     """
-    plain = (batch_size == 1 and kv_offset == 0 and allow_is_causal_skip
+    config = kwargs.get("config")
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads if config is not None else None)
+    plain = (head_dim is not None and causal_mode_fits(kv_length, head_dim)
+             and batch_size == 1 and kv_offset == 0 and allow_is_causal_skip
              and mask_function is causal_mask_function and kwargs.get("local_size") is None
              and kv_length == int(q_offset) + q_length
              and (attention_mask is None or bool(attention_mask.all())))
@@ -141,15 +134,16 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     # Without a mask a forward of several tokens is causal (a prefill, perhaps over a cached
     # prefix: `prefix_causal_mask`): the kernel's causal mode, lower-right aligned.
     causal = attention_mask is None and query.shape[2] > 1
-    too_long = causal and 2 * key.shape[2] * key.shape[3] * key.element_size() > CAUSAL_MAX_KV_BYTES
+    too_long = causal and not causal_mode_fits(key.shape[2], key.shape[3], key.element_size())
     covered = (query.shape[0] == 1 and not dropout and query.dtype == torch.float32
                and query.device.type == "cpu" and query.shape[-1] in SKINNY_HEAD_DIMS
                and kwargs.get("s_aux") is None)
     if causal and key.shape[2] != query.shape[2] and (too_long or not covered):
-        # Over a cached prefix, beyond the causal mode: the causal mask spelled out, as SDPA's
-        # builder makes it (SDPA's `is_causal` aligns upper-left, right only when S == N). A long
-        # one runs the kernel's masked path, as it did under SDPA's builder.
-        attention_mask = causal_mask(query.shape[2], key.shape[2], query.dtype, query.device)
+        # Over a cached prefix, beyond the causal mode (`prefix_causal_mask` keeps the mask for
+        # these; a direct caller may not): SDPA's `is_causal` aligns upper-left, right only when
+        # S == N, so the lower-right mask is spelled out.
+        attention_mask = sdpa_mask(1, query.shape[2], key.shape[2], q_offset=key.shape[2] - query.shape[2],
+                                   allow_is_causal_skip=False, device=query.device)  # [1, 1, N, S]
         causal = too_long = False
     if too_long or not covered:  # too long: a prompt prefilled whole, SDPA's `is_causal`
         return tree_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
