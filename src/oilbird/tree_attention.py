@@ -103,8 +103,9 @@ def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset:
     tokens" as causal with lower-right alignment, for any number of cached keys, so here the
     mask is left out whenever it would be exactly that (one sequence, no padding, plain causal)
     and the keys fit the causal mode (`causal_mode_fits`); longer ones keep SDPA's mask, built
-    here once per forward, for the kernel's masked path. On the make-bench requests that made such prefills 2% faster in sum than the masked path
-    (scripts/prefix_prefill_cost.py; docs/RESULTS.md, issue 15).
+    here once per forward, for the kernel's masked path. On the make-bench requests that made
+    such prefills 2% faster in sum than the masked path (scripts/prefix_prefill_cost.py;
+    docs/RESULTS.md, issue 15).
 
     Args and Returns: as transformers' `sdpa_mask` (the `AttentionMaskInterface` signature).
     """
