@@ -28,7 +28,7 @@ import argparse
 import torch
 from attention_cost import fastest_ms  # scripts/ is on the path when run as a script
 
-from oilbird.budget import probe_times, probe_tokens
+from oilbird.cost_curve import probe_times, probe_tokens
 from oilbird.datasets import load_dataset
 from oilbird.lm_head import CertifiedHead, top_k_and_argmax
 from oilbird.models import DEFAULT_MODEL, load_model
@@ -59,7 +59,7 @@ def probe_candidates(loaded, certified: CertifiedHead, top_k: int) -> str:
         with torch.inference_mode():
             final = loaded.model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, -64:]
             means.append(certified.topk(final, certified.logits(final), top_k)[2].float().mean().item())
-    return f"{means[0]:.1f} on the cost curve's probe rows (budget.probe_tokens), {means[1]:.1f} on unrelated tokens"
+    return f"{means[0]:.1f} on the cost curve's probe rows (cost_curve.probe_tokens), {means[1]:.1f} on unrelated tokens"
 
 
 def whole_forward_ab(loaded, rounds: int) -> None:

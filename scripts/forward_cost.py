@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from oilbird.budget import measure_cost_curve
+from oilbird.cost_curve import measure_cost_curve
 from oilbird.kernels import ForwardConfig, PackedLinear, describe_kernels
 from oilbird.skinny_gemm import SkinnyLinear, skinny_available
 from oilbird.models import load_model
@@ -73,7 +73,7 @@ def gemm_table(model, copies: int, repeats: int, rows_list=ROWS) -> dict:
 
 def forward_curve(loaded, model, prefix: int, repeats: int) -> dict[int, float]:
     """Seconds of one verification forward over a chain of N nodes, per N: the very
-    measurement the auto budget uses (`oilbird.budget.measure_cost_curve`)."""
+    measurement the auto budget uses (`oilbird.cost_curve.measure_cost_curve`)."""
     return measure_cost_curve(TreeVerifier(model, loaded.stop_ids), list(ROWS), prefix, repeats,
                               fit_monotone=False).points  # raw: a kernel's real dips show
 

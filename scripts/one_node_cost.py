@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from oilbird.budget import probe_tokens
+from oilbird.cost_curve import probe_tokens
 from oilbird.models import load_model
 from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier

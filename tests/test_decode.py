@@ -3,9 +3,11 @@
 import pytest
 
 from oilbird.audit import compare
+from oilbird.cost_curve import CostCurve
 from oilbird.decode import DecodeConfig, decode
 from oilbird.drafters import make_drafter
 from oilbird.errors import PromptError
+from oilbird.tree_select import FittedTree
 from oilbird.verifier import TreeVerifier
 
 MAX_NEW = 48  # the length of the session's greedy references (E2E_MAX_NEW, tests/conftest.py)
@@ -44,6 +46,18 @@ def test_max_new_tokens_truncates_and_records_excess(smol, api_bank_prompts, ref
                     max_context=smol.max_context)
     assert result.output_ids == references[4].output_ids[:5]
     assert result.finish_reason == "length"
+
+
+def test_the_fit_policy_learns_the_tail_that_max_new_tokens_cuts(smol, api_bank_prompts, references):
+    # The verifier accepted the cut tail: counted as rejected, it would teach the policy that
+    # deep nodes fail. The output still ends at max_new_tokens.
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids)
+    policy = FittedTree(CostCurve({1: 1.0, 64: 1.0}), 64)  # free nodes: verify every draft
+    result = decode(verifier, make_drafter("pld"), api_bank_prompts[4], DecodeConfig(max_new_tokens=5),
+                    max_context=smol.max_context, budget_policy=policy)
+    assert result.output_ids == references[4].output_ids[:5]
+    assert result.excess_tokens > 0
+    assert policy.calibration()["committed"] == len(result.output_ids) + result.excess_tokens
 
 
 def test_context_limit_stops_generation(smol, api_bank_prompts, references):

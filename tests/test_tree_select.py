@@ -1,10 +1,12 @@
 """The 'fit' budget (oilbird/tree_select.py): reaches, the subtree that pays for its forward, and
 the online acceptance model behind it, on hand-built trees."""
 
+import pytest
+
 from oilbird.acceptance import AcceptanceModel, node_key
-from oilbird.budget import CostCurve
+from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
-from oilbird.tree_select import FittedTree, fit_subtree, reaches
+from oilbird.tree_select import FittedTree, fit_subtree, reaches, tree_outcome
 
 
 def two_source_tree() -> DraftTree:
@@ -60,3 +62,52 @@ def test_only_nodes_whose_parent_was_accepted_count_as_tried():
     assert model.counts[node_key(tree, 5)] == [1, 0]
     assert model.counts[node_key(tree, 1)] == [1, 0]
     assert node_key(tree, 2) not in model.counts  # its parent was never accepted: not tried
+
+
+def test_tree_outcome_names_how_the_tree_went():
+    tree = two_source_tree()
+    assert tree_outcome(DraftTree.root(0), []) == "idle"
+    assert tree_outcome(tree, []) == "miss"
+    assert tree_outcome(tree, [1]) == "part"  # node 1 has a child that was rejected
+    assert tree_outcome(tree, [1, 2, 3]) == "full"  # ended at a leaf
+    assert tree_outcome(tree, [4, 5]) == "full"
+
+
+def test_the_fit_spends_by_the_previous_outcome():
+    # A copying request: after a full acceptance the chain is accepted again, after a miss it
+    # is rejected. Per context, the fit verifies the chain after 'full' and nothing after 'miss';
+    # without contexts both get the same (pooled) choice.
+    curve = CostCurve({1: 1.0, 2: 1.3, 4: 1.9})  # a draft node costs 0.3 of a step
+    tree = DraftTree.root(0)
+    tree.add_chain(0, [1, 2, 3], "lex", [0.9, 0.9, 0.9])
+    flat, ctx = FittedTree(curve, 64), FittedTree(curve, 64, use_context=True)
+    for policy in (flat, ctx):
+        for _ in range(40):
+            policy.verified(64, tree, [1, 2, 3], "full")
+            policy.verified(64, tree, [], "miss")
+    assert ctx.select(tree, "full") == [1, 2, 3]
+    assert ctx.select(tree, "miss") == []
+    assert flat.select(tree, "full") == flat.select(tree, "miss")
+
+
+def test_against_a_long_run_rate_a_rich_tree_gets_more_and_a_poor_one_less():
+    cost = lambda n: 1.0 + 0.2 * (n - 1)  # each node costs a fifth of a step
+    rich = [1.0, 0.9, 0.8, 0.7, 0.5, 0.35]
+    poor = [1.0, 0.3, 0.28, 0.26]
+    # Each forward on its own: the nodes that raise that forward's tokens per step.
+    assert fit_subtree(rich, cost) == [1, 2, 3, 4]  # 0.35 / 0.2 is below 3.9 / 1.8
+    assert fit_subtree(poor, cost) == [1, 2, 3]  # a node pays while its reach beats the forward's own rate
+    # Against a long-run rate of 1.6 tokens per step, a node pays when reach / 0.2 > 1.6.
+    assert fit_subtree(rich, cost, rate=1.6) == [1, 2, 3, 4, 5]
+    assert fit_subtree(poor, cost, rate=1.6) == []
+
+
+def test_the_rate_objective_learns_the_long_run_rate():
+    curve = CostCurve({1: 1.0, 2: 1.2, 8: 2.4})
+    policy = FittedTree(curve, 64, objective="rate")
+    assert policy.tokens / policy.seconds == 1.0  # one autoregressive step's worth to start
+    tree = two_source_tree()
+    policy.verified(64, tree, [1, 2, 3])  # 4 tokens for a 6-node forward
+    assert policy.tokens == 5.0 and abs(policy.seconds - (1.0 + curve.cost(6))) < 1e-12
+    with pytest.raises(ValueError, match="objective"):
+        FittedTree(curve, 64, objective="sometimes")

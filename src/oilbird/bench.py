@@ -38,7 +38,8 @@ from tqdm import tqdm
 
 from oilbird.accuracy import Grader, gradable
 from oilbird.audit import compare, differences, greedy_reference, hf_prompt_lookup
-from oilbird.budget import AdaptiveBudget, BudgetConfig, CostCurve, load_or_measure
+from oilbird.budget import AdaptiveBudget, BudgetConfig
+from oilbird.cost_curve import CostCurve, load_or_measure
 from oilbird.prefix_cache import PrefixCache, PrefixCacheConfig
 from oilbird.tree_select import FittedTree
 from oilbird.datasets import Workload
@@ -207,7 +208,8 @@ class Harness:
         if budget not in MEASURED_BUDGETS or spec == "ar" or not is_drafter(spec):
             return None
         if budget == "fit":
-            return FittedTree(self.curves[spec], FIT_PROPOSAL_BUDGET)
+            return FittedTree(self.curves[spec], FIT_PROPOSAL_BUDGET, use_context=self.budget_config.fit_context,
+                              objective=self.budget_config.fit_objective)
         return AdaptiveBudget(self.curves[spec], self.budget_config, AUTO_MAX_BUDGET)
 
     def run(self, spec: str, budget: str, drafter, ids: list[int], request_id: str, limit: int,
@@ -351,7 +353,9 @@ def _summary(harness: Harness, records: list[dict], interrupted: bool) -> dict:
     curve = next(iter(harness.curves.values()), None)
     return dict(config=asdict(config), interrupted=interrupted,
                 requests_served=len({r["request_id"] for r in records}),
-                budget_curve=curve.to_json() if curve else None,
+                budget_curve=curve.to_json() if curve else None, budget=asdict(harness.budget_config),
+                fit_calibration={label: p.calibration() for label, p in harness.policies.items()
+                                 if isinstance(p, FittedTree)},
                 drafters={m: d.describe() for m, d in drafters.items()},
                 model=dict(name=loaded.name, source=loaded.source),
                 environment=environment(loaded, harness.verifier.model), rows=rows,

@@ -93,7 +93,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         verifier_config=verifier_config, budget_config=budget_config, forward_config=forward)
     print(summary["table"])
     if summary["budget_curve"]:
-        from oilbird.budget import CostCurve
+        from oilbird.cost_curve import CostCurve
 
         curve = CostCurve.from_json(summary["budget_curve"])
         print(f"\nThe cost curve the measured budgets ('auto', 'fit') used ({curve.key}):\n\n{curve.table()}")
@@ -185,7 +185,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    from oilbird.budget import BudgetConfig, load_or_measure
+    from oilbird.budget import BudgetConfig
+    from oilbird.cost_curve import load_or_measure
     from oilbird.models import default_cache_dir
     from oilbird.verifier import TreeVerifier, VerifierConfig
 
@@ -280,7 +281,8 @@ def _cost_parser(sub) -> None:
     _add_model_arg(cost)
     _add_threads_arg(cost)
     # The curve is the same whatever the mode; only the measurement's fields are options here.
-    add_config_args(cost, BudgetConfig, prefix="budget", exclude=("mode", "explore_every", "decay"))
+    add_config_args(cost, BudgetConfig, prefix="budget",
+                    exclude=("mode", "explore_every", "decay", "fit_context", "fit_objective"))
     add_config_args(cost, VerifierConfig, prefix="verifier")  # the options decoding runs with
     cost.set_defaults(func=cmd_cost)
 

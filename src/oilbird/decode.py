@@ -20,7 +20,7 @@ from oilbird.drafters.base import Drafter
 from oilbird.errors import PromptError
 from oilbird.prefix_cache import PrefixCache
 from oilbird.sampling import Sampler, SamplingConfig
-from oilbird.tree_select import FittedTree
+from oilbird.tree_select import FittedTree, tree_outcome
 from oilbird.verifier import TreeVerifier
 
 
@@ -160,6 +160,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
         t = time.perf_counter()
         state, observation = _prefill(verifier, drafter, prompt_ids, request_id, tenant, prefix_cache, result)
         result.prefill_s = time.perf_counter() - t
+        context = ""  # how the request's previous tree went (oilbird/tree_select.py)
         while len(out) < config.max_new_tokens:
             # A tree of N nodes commits at most N tokens after the anchor, so the sequence
             # (P cached + anchor + N) must stay within the context: N <= context - P - 1.
@@ -168,11 +169,12 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                 result.finish_reason = "context"
                 break
             t = time.perf_counter()
-            budget, tree = _propose(drafter, request_id, min(config.node_budget, room), budget_policy)
+            budget, tree = _propose(drafter, request_id, min(config.node_budget, room), budget_policy, context)
             result.propose_s += time.perf_counter() - t
             ver = verifier.verify(state, tree, drafter.hidden_layer, sampler)
             result.forward_s += ver.forward_s
             t = time.perf_counter()
+            accepted = ver.path  # what the verifier accepted, also past the request's last token
             committed = ver.committed[: config.max_new_tokens - len(out)]
             if len(committed) < len(ver.committed):  # overshoot: nobody sees the dropped tail
                 result.excess_tokens += len(ver.committed) - len(committed)
@@ -185,7 +187,10 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             result.nodes_per_forward.append(len(tree))
             _attribute(result, tree, ver.path)
             if budget_policy is not None:
-                budget_policy.verified(budget, tree, ver.path)
+                # The policy learns what verification accepted: a tail cut by max_new_tokens
+                # was accepted, and counting it as rejected would teach it that deep nodes fail.
+                budget_policy.verified(budget, tree, accepted, context)
+                context = tree_outcome(tree, accepted)
             t_observe = time.perf_counter()
             drafter.observe(request_id, ver)
             result.observe_s += time.perf_counter() - t_observe
@@ -202,12 +207,13 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
     return result
 
 
-def _propose(drafter: Drafter, request_id: str, cap: int, budget_policy):
+def _propose(drafter: Drafter, request_id: str, cap: int, budget_policy, context: str):
     """The drafter's tree within the budget (the policy's choice, at most `cap`), pruned to the
-    nodes the policy would verify ('fit'). Returns (the budget offered, the tree to verify)."""
+    nodes the policy would verify ('fit') in the request's `context`. Returns (the budget
+    offered, the tree to verify)."""
     budget = cap if budget_policy is None else min(cap, budget_policy.choose())
     tree = drafter.propose(request_id, budget).truncated(budget)
-    keep = budget_policy.select(tree) if budget_policy is not None else None
+    keep = budget_policy.select(tree, context) if budget_policy is not None else None
     if keep is not None and len(keep) < len(tree) - 1:  # verify only these nodes, renumbered
         drafter.restrict_proposal(request_id, keep)
         tree = tree.subtree(keep)

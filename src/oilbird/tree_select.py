@@ -14,12 +14,16 @@ forward to maximize expected committed tokens per second of forward:
 The k likeliest nodes are ancestor-closed (a node's reach never exceeds its parent's, and ties
 go to the earlier index), so they form a tree. Lossless by construction: verification decides,
 the selection only chooses what to verify.
+
+The estimates may also be conditioned on how the request's previous tree went (`tree_outcome`:
+'idle', 'miss', 'part', 'full'), as the vLLM chain policy's are: a request that is copying a
+past answer keeps copying, one writing new text keeps missing, and the fit spends accordingly.
 """
 
 from __future__ import annotations
 
 from oilbird.acceptance import AcceptanceModel
-from oilbird.budget import CostCurve
+from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
 
 
@@ -31,51 +35,96 @@ def reaches(tree: DraftTree, probs: list[float]) -> list[float]:
     return out
 
 
-def fit_subtree(reach: list[float], cost) -> list[int]:
-    """The nodes to verify: the k of largest reach (root excluded), k maximizing
-    (1 + their summed reach) / cost(k + 1).
+def fit_subtree(reach: list[float], cost, rate: float | None = None) -> list[int]:
+    """The nodes to verify: the k of largest reach (root excluded), k maximizing this forward's
+    expected tokens per second, (1 + their summed reach) / cost(k + 1); or, given the stream's
+    long-run `rate` (tokens per second), the expected tokens beyond what the forward's time
+    earns at that rate, (1 + their summed reach) - rate * cost(k + 1).
 
     Args:
         reach: per node, the probability of reaching it (`reaches`); reach[0] is the root's.
         cost: seconds of a forward over n tokens, n -> float.
+        rate: the long-run tokens per second of forward; None: maximize each forward's own.
 
     Returns:
         Ascending node indices (ancestor-closed when reach decreases along paths).
     """
     order = sorted(range(1, len(reach)), key=lambda n: (-reach[n], n))
-    best_k, best_rate, expected = 0, 1.0 / cost(1), 1.0
+
+    def value(expected: float, seconds: float) -> float:
+        return expected / seconds if rate is None else expected - rate * seconds
+
+    best_k, best, expected = 0, value(1.0, cost(1)), 1.0
     for k, node in enumerate(order, start=1):
         expected += reach[node]
-        rate = expected / cost(k + 1)
-        if rate > best_rate:
-            best_k, best_rate = k, rate
+        v = value(expected, cost(k + 1))
+        if v > best:
+            best_k, best = k, v
     return sorted(order[:best_k])
+
+
+def tree_outcome(tree: DraftTree, path: list[int]) -> str:
+    """How a verified tree went, as a calibration context (`AcceptanceModel`): 'idle' (nothing
+    drafted), 'miss' (every child of the root rejected), 'full' (the accepted path ends at a leaf:
+    all the tree offered along it was accepted) or 'part'."""
+    if len(tree) == 1:
+        return "idle"
+    if not path:
+        return "miss"
+    return "part" if tree.children(path[-1]) else "full"
 
 
 class FittedTree:
     """Budget policy 'fit' for one drafter instance (see the module docstring).
 
-    The decode loop asks `choose()` for the proposal's budget, `select(tree)` for the nodes to
-    verify, and reports each verified tree to `verified`.
+    The decode loop asks `choose()` for the proposal's budget, `select(tree, context)` for the
+    nodes to verify, and reports each verified tree to `verified`; `context` is the outcome of
+    the request's previous tree ('' for its first).
 
     Args:
         curve: the device's cost curve for this verifier.
         max_budget: the proposal's budget (the loop's cap).
         model: acceptance estimates (a fresh optimistic one by default).
+        use_context: condition the estimates on the context (false: ignore it).
+        objective: 'step' (each forward's own tokens per second) or 'rate' (tokens beyond what
+            the forward's time earns at the long-run rate of this policy's verified trees).
     """
 
-    def __init__(self, curve: CostCurve, max_budget: int, model: AcceptanceModel | None = None) -> None:
-        self.curve, self.max_budget = curve, max_budget
+    def __init__(self, curve: CostCurve, max_budget: int, model: AcceptanceModel | None = None,
+                 use_context: bool = False, objective: str = "step") -> None:
+        if objective not in ("step", "rate"):
+            raise ValueError(f"fit objective must be 'step' or 'rate', got {objective!r}")
+        self.curve, self.max_budget, self.use_context = curve, max_budget, use_context
         self.model = model or AcceptanceModel()
+        self.objective = objective
+        # Committed tokens and curve-priced seconds of the verified trees, starting from one
+        # autoregressive step's worth: the long-run rate of the 'rate' objective.
+        self.tokens, self.seconds = 1.0, curve.cost(1)
+        self.predicted = 0.0
+        """Expected committed tokens of the verified trees, summed as the model estimated them
+        when each was chosen; against `tokens`, how honest the estimates are (`calibration`)."""
 
     def choose(self) -> int:
         """The proposal's budget: the cap; `select` prunes."""
         return self.max_budget
 
-    def select(self, tree: DraftTree) -> list[int]:
+    def select(self, tree: DraftTree, context: str = "") -> list[int]:
         """The nodes of `tree` to verify (ascending, root excluded)."""
-        return fit_subtree(reaches(tree, self.model.node_probs(tree)), self.curve.cost)
+        probs = self.model.node_probs(tree, context if self.use_context else "")
+        rate = self.tokens / self.seconds if self.objective == "rate" else None
+        return fit_subtree(reaches(tree, probs), self.curve.cost, rate)
 
-    def verified(self, offered: int, tree: DraftTree, path: list[int]) -> None:
-        """Learn from one verified (selected) tree and its accepted path."""
-        self.model.update_tree(tree, path)
+    def verified(self, offered: int, tree: DraftTree, path: list[int], context: str = "") -> None:
+        """Learn from one verified (selected) tree, proposed in `context`, and its accepted path."""
+        context = context if self.use_context else ""
+        self.predicted += sum(reaches(tree, self.model.node_probs(tree, context)))
+        self.model.update_tree(tree, path, context)
+        self.tokens += 1 + len(path)
+        self.seconds += self.curve.cost(len(tree))
+
+    def calibration(self) -> dict:
+        """Committed and predicted tokens of the verified trees (the predictions before each
+        tree's outcome was learnt), and their ratio: above 1, the estimates were optimistic."""
+        committed = self.tokens - 1.0  # less the starting step's worth
+        return dict(committed=committed, predicted=self.predicted,
+                    ratio=self.predicted / committed if committed else None)

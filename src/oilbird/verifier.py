@@ -275,7 +275,7 @@ class TreeVerifier:
         """Run one forward over `tree`, commit the greedy (or sampled) path and compact the cache.
 
         This is the one forward decoding runs: an autoregressive step is a one-node tree, and
-        the cost curve (oilbird/budget.py) times this very call.
+        the cost curve (oilbird/cost_curve.py) times this very call.
 
         Args:
             state: the request's KV state; updated in place (cache, length, anchor).

@@ -1,0 +1,67 @@
+"""Compare bench runs by what their trees would cost on one cost curve, free of the host's drift.
+
+A run's wall times move with the host's speed by several percent between minutes, while its
+trees do not: with `--budget fit --budget-recheck false` and the same cached curve, two runs
+differ only in what the code chose to verify. This script prices every forward of every run on
+one curve (the first run's `budget_curve`, or `--curve-from RUN`): the estimated decode time of a
+method is the sum over its forwards of the curve's cost at that forward's node count. Per method
+and run it prints τ, forwards, mean nodes, the estimated forward seconds and the tokens per
+estimated second relative to the first run.
+
+Usage:
+  .venv/bin/python scripts/estimated_cost.py RUN_A RUN_B [--curve-from RUN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from oilbird.cost_curve import CostCurve
+
+
+def load_records(run: Path) -> dict[str, list[dict]]:
+    """method -> its records (the audit's reference rows left out)."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    for line in (run / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("nodes_per_forward"):
+            out[record["method"]].append(record)
+    return out
+
+
+def priced(records: list[dict], curve: CostCurve) -> dict:
+    """τ, forwards, mean nodes and the estimated forward seconds of one method's records."""
+    nodes = [n for r in records for n in r["nodes_per_forward"]]
+    tokens = sum(sum(r["committed_per_forward"]) for r in records)
+    seconds = sum(curve.cost(n) for n in nodes)
+    return dict(tau=tokens / len(nodes), forwards=len(nodes), nodes=sum(nodes) / len(nodes),
+                seconds=seconds, rate=tokens / seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--curve-from", type=Path, help="the run whose curve prices all (default: the first)")
+    args = parser.parse_args()
+    source = args.curve_from or args.runs[0]
+    curve = CostCurve.from_json(json.loads((source / "summary.json").read_text())["budget_curve"])
+    runs = {run: load_records(run) for run in args.runs}
+    print(f"priced on the curve of {source} ({curve.key})\n")
+    print("| method | run | τ | forwards | mean nodes | est. forward s | tokens / est. s | x first run |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for method in runs[args.runs[0]]:
+        first = None
+        for run, records in runs.items():
+            if method not in records:
+                continue
+            p = priced(records[method], curve)
+            first = first or p["rate"]
+            print(f"| {method} | {run.name} | {p['tau']:.2f} | {p['forwards']} | {p['nodes']:.1f} | "
+                  f"{p['seconds']:.2f} | {p['rate']:.1f} | {p['rate'] / first:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
