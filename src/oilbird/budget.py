@@ -7,16 +7,16 @@ on the machine as much as on the drafter: the policies here read the measured `C
 
 - `BudgetConfig`: how the budget is chosen ('fixed', 'auto', and the options of 'fit',
   oilbird/tree_select.py) and how the curve is measured and rechecked.
-- `AdaptiveBudget` ('auto') estimates, online, the committed tokens E(B) and the forward seconds T(B) per
-  forward for each candidate budget B, and picks argmax E(B) / T(B). Its estimator rests on one
-  property of our trees: nodes are added in priority order and parents precede children, so the
-  tree a drafter builds under budget B is (approximately) the first B nodes of the tree it builds
-  under a larger budget. From one verified tree of size N with accepted path c1 < c2 < ... we
-  therefore know what every budget B <= N would have committed, 1 + #{leading path nodes with
-  index < B}, and paid, cost(min(B, N)): a drafter that often has little to propose is not
-  charged for a full budget. Every `explore_every` forwards a larger budget is probed, in turn
-  2x, 4x, 8x, ... the current best, so the estimate can climb as far as the acceptance pays
-  for, and old cycles decay so it follows the traffic.
+- `AdaptiveBudget` ('auto') estimates, online, the committed tokens E(B) and the forward seconds
+  T(B) per forward for each candidate budget B, and picks argmax E(B) / T(B). Its estimator rests
+  on one property of our trees: nodes are added in priority order and parents precede children, so
+  the tree a drafter builds under budget B is (approximately) the first B nodes of the tree it
+  builds under a larger budget. From one verified tree of size N with accepted path c1 < c2 < ...
+  we therefore know what every budget B <= N would have committed, 1 + #{leading path nodes with
+  index < B}, and paid, cost(min(B, N)): a drafter that often has little to propose is not charged
+  for a full budget. Every `explore_every` forwards a larger budget is probed, in turn 2x, 4x, 8x,
+  ... the current best, so the estimate can climb as far as the acceptance pays for, and old
+  cycles decay so it follows the traffic.
 """
 
 from __future__ import annotations
