@@ -208,8 +208,9 @@ class Harness:
         if budget not in MEASURED_BUDGETS or spec == "ar" or not is_drafter(spec):
             return None
         if budget == "fit":
-            return FittedTree(self.curves[spec], FIT_PROPOSAL_BUDGET, use_context=self.budget_config.fit_context,
-                              objective=self.budget_config.fit_objective)
+            options = self.budget_config
+            return FittedTree(self.curves[spec], FIT_PROPOSAL_BUDGET, use_context=options.fit_context,
+                              objective=options.fit_objective)
         return AdaptiveBudget(self.curves[spec], self.budget_config, AUTO_MAX_BUDGET)
 
     def run(self, spec: str, budget: str, drafter, ids: list[int], request_id: str, limit: int,

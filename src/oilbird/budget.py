@@ -29,6 +29,8 @@ from oilbird.tree import DraftTree
 if TYPE_CHECKING:
     from oilbird.cost_curve import CostCurve
 
+FIT_OBJECTIVES = ("step", "rate")  # the 'fit' budget's objectives (oilbird/tree_select.py)
+
 
 @dataclass
 class BudgetConfig:
@@ -64,8 +66,8 @@ class BudgetConfig:
             raise ValueError("explore_every must be >= 1 and decay in (0, 1]")
         if self.recheck_tolerance <= 0:
             raise ValueError(f"recheck_tolerance must be > 0, got {self.recheck_tolerance}")
-        if self.fit_objective not in ("step", "rate"):
-            raise ValueError(f"fit_objective must be 'step' or 'rate', got {self.fit_objective!r}")
+        if self.fit_objective not in FIT_OBJECTIVES:
+            raise ValueError(f"fit_objective must be one of {FIT_OBJECTIVES}, got {self.fit_objective!r}")
 
     def sizes(self) -> list[int]:
         return sorted({int(x) for x in self.grid.split(",") if x.strip() and int(x) > 0})

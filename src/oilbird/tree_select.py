@@ -23,6 +23,7 @@ past answer keeps copying, one writing new text keeps missing, and the fit spend
 from __future__ import annotations
 
 from oilbird.acceptance import AcceptanceModel
+from oilbird.budget import FIT_OBJECTIVES
 from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
 
@@ -92,8 +93,8 @@ class FittedTree:
 
     def __init__(self, curve: CostCurve, max_budget: int, model: AcceptanceModel | None = None,
                  use_context: bool = False, objective: str = "step") -> None:
-        if objective not in ("step", "rate"):
-            raise ValueError(f"fit objective must be 'step' or 'rate', got {objective!r}")
+        if objective not in FIT_OBJECTIVES:
+            raise ValueError(f"fit objective must be one of {FIT_OBJECTIVES}, got {objective!r}")
         self.curve, self.max_budget, self.use_context = curve, max_budget, use_context
         self.model = model or AcceptanceModel()
         self.objective = objective
