@@ -35,15 +35,16 @@ from oilbird.datasets import load_dataset
 from oilbird.models import load_model
 from vllm_bench import WORKLOADS
 
-MAX_N = 16  # the longest suffix indexed (and the oracle's 1 + K tokens must fit)
+MAX_N = 16  # the longest suffix matched (the index also holds the oracle's 1 + K tokens)
 VOTERS = 256  # 'vote' counts the most recent occurrences only
 CHOICES = ("earliest", "recent", "vote", "oracle")
 
 
 class NgramIndex:
-    """Every position of a growing corpus, keyed by the n tokens before it, n = 1..MAX_N."""
+    """Every position of a growing corpus, keyed by the n tokens before it, n = 1..max_n."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_n: int = MAX_N) -> None:
+        self.max_n = max_n
         self.tokens: list[int] = []
         self.at: dict[tuple, list[int]] = defaultdict(list)  # n-gram -> positions following it
 
@@ -51,7 +52,7 @@ class NgramIndex:
         for t in tokens:
             self.tokens.append(t)
             end = len(self.tokens)
-            for n in range(1, min(MAX_N, end) + 1):
+            for n in range(1, min(self.max_n, end) + 1):
                 gram = tuple(self.tokens[end - n:end])
                 if -1 in gram:
                     break  # no match crosses a document separator
@@ -107,7 +108,7 @@ def _cut(chain: list[int]) -> list[int]:
 
 
 def replay(choice: str, prompts: list[list[int]], outputs: list[list[int]], k: int) -> dict:
-    index = NgramIndex()
+    index = NgramIndex(max(MAX_N, k + 1))  # the oracle looks up the last token and K more
     steps = drafted = accepted = 0
     for prompt, out in zip(prompts, outputs):
         start = len(index.tokens)
