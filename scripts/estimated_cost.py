@@ -5,8 +5,10 @@ trees do not: with `--budget fit --budget-recheck false` and the same cached cur
 differ only in what the code chose to verify. This script prices every forward of every run on
 one curve (the first run's `budget_curve`, or `--curve-from RUN`): the estimated decode time of a
 method is the sum over its forwards of the curve's cost at that forward's node count. Per method
-and run it prints τ, forwards, mean nodes, the estimated forward seconds and the tokens per
-estimated second relative to the first run.
+and run it prints τ, forwards, mean nodes, the estimated forward seconds, the forward seconds
+the run measured (its verify forwards, `forward_s`) over the estimate, and the tokens per
+estimated second relative to the first run. The measured-over-estimated column says how far the
+curve (the fastest of a few probes) sits below what decoding paid that hour.
 
 Usage:
   .venv/bin/python scripts/estimated_cost.py RUN_A RUN_B [--curve-from RUN]
@@ -37,8 +39,9 @@ def priced(records: list[dict], curve: CostCurve) -> dict:
     nodes = [n for r in records for n in r["nodes_per_forward"]]
     tokens = sum(sum(r["committed_per_forward"]) for r in records)
     seconds = sum(curve.cost(n) for n in nodes)
+    measured = sum(r["forward_s"] for r in records)
     return dict(tau=tokens / len(nodes), forwards=len(nodes), nodes=sum(nodes) / len(nodes),
-                seconds=seconds, rate=tokens / seconds)
+                seconds=seconds, measured=measured, rate=tokens / seconds)
 
 
 def main() -> None:
@@ -50,8 +53,9 @@ def main() -> None:
     curve = CostCurve.from_json(json.loads((source / "summary.json").read_text())["budget_curve"])
     runs = {run: load_records(run) for run in args.runs}
     print(f"priced on the curve of {source} ({curve.key})\n")
-    print("| method | run | τ | forwards | mean nodes | est. forward s | tokens / est. s | x first run |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| method | run | τ | forwards | mean nodes | est. forward s | measured / est. | tokens / est. s "
+          "| x first run |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for method in runs[args.runs[0]]:
         first = None
         for run, records in runs.items():
@@ -60,7 +64,8 @@ def main() -> None:
             p = priced(records[method], curve)
             first = first or p["rate"]
             print(f"| {method} | {run.name} | {p['tau']:.2f} | {p['forwards']} | {p['nodes']:.1f} | "
-                  f"{p['seconds']:.2f} | {p['rate']:.1f} | {p['rate'] / first:.3f} |")
+                  f"{p['seconds']:.2f} | {p['measured'] / p['seconds']:.3f} | {p['rate']:.1f} | "
+                  f"{p['rate'] / first:.3f} |")
 
 
 if __name__ == "__main__":
