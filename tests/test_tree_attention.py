@@ -87,10 +87,10 @@ def test_the_skinny_kernel_leaves_what_it_does_not_cover_to_sdpa():
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
-@pytest.mark.parametrize("kernel", ["two-pass", "online"])
+@pytest.mark.parametrize("kernel", ["two-pass", "online", "lanes"])
 @pytest.mark.parametrize("kv_heads,groups,nodes,dim", [(2, 7, 40, 64), (3, 3, 64, 64), (1, 2, 33, 128),
-                                                       (3, 3, 1, 64)])
-def test_both_kernels_are_exact_on_trees_of_any_size(kernel, kv_heads, groups, nodes, dim):
+                                                       (3, 3, 1, 64), (3, 3, 6, 64)])
+def test_every_kernel_is_exact_on_trees_of_any_size(kernel, kv_heads, groups, nodes, dim):
     """The C++ kernels, called directly: one node to large trees, row tiles that do not divide them."""
     from oilbird.skinny_gemm import kernels
 
@@ -106,6 +106,27 @@ def test_both_kernels_are_exact_on_trees_of_any_size(kernel, kv_heads, groups, n
     ours = kernels().tree_attention(query, key, value, mask, dim ** -0.5, kernel)
     ref, _ = sdpa_attention_forward(Attn(groups), query, key, value, mask, scaling=dim ** -0.5)
     assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+@pytest.mark.parametrize("kernel", ["two-pass", "online", "lanes"])
+def test_every_kernel_honors_a_mask_that_hides_cached_keys(kernel):
+    """A masked column inside the cache (a stale row), not only among the tree's own: the lanes
+    kernel adds the mask from the first column any row hides, wherever that is."""
+    from oilbird.skinny_gemm import kernels
+
+    g = torch.Generator().manual_seed(11)
+    cached, n = 50, 8
+    query = torch.randn(1, 9, n, 64, generator=g)
+    key, value = torch.randn(2, 1, 3, cached + n, 64, generator=g)
+    mask = DraftTree.chain(1, list(range(2, n + 1)), "t").attention_mask(cached, torch.float32)
+    mask[..., 7] = torch.finfo(torch.float32).min  # every row
+    mask[..., 3, 20] = torch.finfo(torch.float32).min  # one row
+    ours = kernels().tree_attention(query, key, value, mask, 0.125, kernel)
+    ref, _ = sdpa_attention_forward(Attn(3), query, key, value, mask, scaling=0.125)
+    assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
+    unmasked = kernels().tree_attention(query, key, value, torch.zeros_like(mask), 0.125, kernel)
+    assert not torch.allclose(ours[:, :1], unmasked[:, :1], atol=1e-3)  # the stale row mattered
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")

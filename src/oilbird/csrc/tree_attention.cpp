@@ -2,19 +2,21 @@
 //
 // A tree forward attends N tree nodes over S = cached + N keys under the tree mask. PyTorch's CPU
 // SDPA kernel runs its small matrix products through MKL, which on this project's AMD CPU takes a
-// slow generic path. Two kernels of ours: online-softmax attention on the widest registers the
-// build has (tree_attention_online.h) and two-pass attention on 8-lane AVX2 ones
-// (tree_attention_avx2.h). On AVX2 the two-pass kernel is the faster at every size; on AVX-512
-// (measured on Zen 4) it is up to 4 queries and the online one at 8 and more, so the build hands
-// over from 5 on. Both attend every query head of a group to its key/value head in place (no
-// copies per group). The measurements: docs/RESULTS.md,
-// issue 15 (scripts/attention_cost.py).
+// slow generic path. Three kernels of ours: two-pass attention on 8-lane AVX2 registers
+// (tree_attention_avx2.h), attention with query rows in the lanes of the widest registers the
+// build has (tree_attention_lanes.h), and online-softmax attention with keys in the lanes
+// (tree_attention_online.h). On AVX2 the two-pass kernel is the faster at every size; on AVX-512
+// (measured on Zen 4) it is below 12 query rows (a group's heads x the nodes: SmolLM2's 3 x 4,
+// Qwen2.5's 7 x 2) and the lanes kernel from there on, faster than the online one at every size.
+// All attend every query head of a group to its key/value head in place (no copies per group).
+// The measurements: docs/RESULTS.md, issue 15 (scripts/attention_cost.py).
 //
 // Supported: head_dim 64 or 128, mask [N, S] additive float32 (finfo.min or -inf where masked).
 
 #include <torch/extension.h>
 
 #include "tree_attention_avx2.h"
+#include "tree_attention_lanes.h"
 #include "tree_attention_online.h"
 
 // q [1, Hq, N, D], k and v [1, Hkv, S, D] (rows of each head contiguous), mask [1, 1, N, S]
@@ -43,12 +45,16 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
   if (causal) return oilbird::avx2::run(queries, k, v, c10::nullopt, true);
   auto m = mask.has_value() ? mask->reshape({N, S}).contiguous() : torch::zeros({N, S}, q.options());
 #if defined(__AVX512F__)
-  constexpr int64_t kTwoPassUpTo = 4;  // queries; scripts/attention_cost.py on Zen 4, docs/RESULTS.md
-  const std::string chosen = !kernel.empty() ? kernel : N <= kTwoPassUpTo ? "two-pass" : "online";
+  // Query rows (the group's heads x nodes) from which the lanes kernel is the faster with the
+  // cache cold from memory, as decoding reads it (scripts/attention_cost.py --cold on Zen 4,
+  // docs/RESULTS.md): SmolLM2 (3 heads per group) from 3 nodes, Qwen2.5 (7) from 1.
+  constexpr int64_t kLanesFromRows = 7;
+  const std::string chosen = !kernel.empty() ? kernel : (Hq / Hkv) * N < kLanesFromRows ? "two-pass" : "lanes";
 #else
   const std::string chosen = kernel.empty() ? "two-pass" : kernel;
 #endif
   if (chosen == "online") return oilbird::online::run(queries, k, v, m);
-  TORCH_CHECK(chosen == "two-pass", "tree_attention: unknown kernel '", kernel, "' (online or two-pass)");
+  if (chosen == "lanes") return oilbird::lanes::run(queries, k, v, m);
+  TORCH_CHECK(chosen == "two-pass", "tree_attention: unknown kernel '", kernel, "' (online, lanes or two-pass)");
   return oilbird::avx2::run(queries, k, v, m, false);
 }

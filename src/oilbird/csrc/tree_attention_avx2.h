@@ -51,14 +51,19 @@ inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
 }
 
 // Scores of R (<= 3) query rows against keys [j0, j1) (j1 - j0 a multiple of 4) into s[r] + j.
+// `end`: the keys the tile scores in all (the prefetch stays below it).
 template <int R>
 inline void scores(const float* const* q, const float* k, int64_t k_row, int64_t D, int64_t j0, int64_t j1,
-                   float* const* s) {
+                   int64_t end, float* const* s) {
   for (int64_t j = j0; j < j1; j += 4) {
     __m256 acc[R][4];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
     const float* kj = k + j * k_row;
+    // The cache's rows come cold from memory: fetch the keys 16 ahead.
+    if (j + 20 <= end)
+      for (int c = 0; c < 4; ++c)
+        for (int64_t d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(kj + (16 + c) * k_row + d), _MM_HINT_T0);
     for (int64_t d = 0; d < D; d += 8) {
       __m256 kv[4];
       for (int c = 0; c < 4; ++c) kv[c] = _mm256_loadu_ps(kj + c * k_row + d);
@@ -132,6 +137,8 @@ inline void weighted_values(const float* const* p, const float* vh, int64_t D, i
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const float* vr = vh + d0;
     for (int64_t j = 0; j < S; ++j, vr += D) {
+      // This pass reads one line of each value row: fetch the line 32 rows ahead.
+      if (j + 32 < S) _mm_prefetch(reinterpret_cast<const char*>(vr + 32 * D), _MM_HINT_T0);
       const __m256 a = _mm256_loadu_ps(vr), b = _mm256_loadu_ps(vr + 8);
       for (int r = 0; r < R; ++r) {
         const __m256 w = _mm256_broadcast_ss(p[r] + j);
@@ -174,9 +181,9 @@ inline void tile(const Problem& p, int64_t h, int64_t row, int64_t rows, float* 
   for (int64_t j0 = 0; j0 < S4; j0 += kKeyBlock) {
     const int64_t j1 = std::min(S4, j0 + kKeyBlock);
     int64_t r = 0;
-    for (; r + 3 <= rows; r += 3) scores<3>(q + r, kh, p.k_row, D, j0, j1, s + r);
-    if (rows - r == 2) scores<2>(q + r, kh, p.k_row, D, j0, j1, s + r);
-    if (rows - r == 1) scores<1>(q + r, kh, p.k_row, D, j0, j1, s + r);
+    for (; r + 3 <= rows; r += 3) scores<3>(q + r, kh, p.k_row, D, j0, j1, S4, s + r);
+    if (rows - r == 2) scores<2>(q + r, kh, p.k_row, D, j0, j1, S4, s + r);
+    if (rows - r == 1) scores<1>(q + r, kh, p.k_row, D, j0, j1, S4, s + r);
   }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = S4; j < S; ++j) s[r][j] = score1(q[r], kh + j * p.k_row, D);

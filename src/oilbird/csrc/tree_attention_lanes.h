@@ -1,0 +1,179 @@
+// Tree attention with query rows in vector lanes (float32), exact up to rounding.
+//
+// The online kernel (tree_attention_online.h) puts 16 *keys* in a register's lanes: every block
+// of 16 keys then costs each query row two horizontal reductions (max and sum), a rescale of its
+// running output, and the keys must be packed per call. Here the lanes hold 16 query *rows*
+// (flattened over a key/value head's group of query heads and the tree's nodes, as in the other
+// kernels), so the softmax is vertical: one running maximum and one sum per lane, no reductions
+// across lanes, no packing. Per tile of up to 16 rows (8 on AVX2):
+//
+//   1. scores  s[j] = q^T . k_j (+ mask)  16 keys at a time: 16 accumulators, each FMA a row
+//                                          vector of q^T[d] times key j's d-th value broadcast;
+//                                          keys read as cache rows; the mask added only on the
+//                                          keys some row cannot see (the tree's own columns)
+//   2. softmax p[j] = exp(s[j] - max_j s), l = sum_j p[j]          (lane-wise, [S][16] in L1/L2)
+//   3. output  o[d] = sum_j p[j] v_j[d] / l     16 dims per pass over the values, each FMA p[j]
+//                                               times v_j[d] broadcast
+//
+// A tile costs the same whatever number of its lanes hold real rows, so the kernel suits trees
+// whose group x nodes fills the lanes (SmolLM2's 3 heads per group: 6 nodes or more); the binding
+// (tree_attention.cpp) hands smaller trees to the two-pass kernel.
+//
+// Supported: head_dim a multiple of the lane count (64, 128), mask [N, S] additive float32
+// (finfo.min or -inf where masked); every row must see at least one key (its own node does).
+
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "simd.h"
+
+namespace oilbird::lanes {
+
+namespace v = oilbird::simd;
+constexpr int L = v::kLanes;  // query rows per tile, and keys per block of scores
+
+struct Problem {
+  const float* q;      // [Hq, N, D] scaled queries, contiguous
+  const float* k;      // keys: row s of head h at k + h * k_head + s * k_row
+  int64_t k_head, k_row;
+  const float* v;      // values: row s of head h at v + h * v_head + s * D
+  int64_t v_head;
+  const float* mask;   // [N, S] additive
+  float* out;          // [N, Hq, D]
+  int64_t Hq, G, N, S, D;
+  int64_t open;        // keys [0, open) have mask 0 in every row: no mask to add
+};
+
+// Step 1 for one block of n <= L keys from j0: scores into s + j0 * L (one vector per key), the
+// running lane-wise maximum in mx. `node[r]` is lane r's tree node (its mask row). RowStride is
+// the keys' row stride when known at compile time (the cache's rows are contiguous: D), so that
+// each FMA addresses its key as base + constant instead of holding 16 key pointers; 0: p.k_row.
+template <int64_t RowStride>
+inline void score_block(const Problem& p, const float* qt, const float* kh, const int64_t* node, int64_t j0,
+                        int64_t n, float* s, v::vf& mx) {
+  const int64_t stride = RowStride ? RowStride : p.k_row;
+  v::vf acc[L];
+  for (int c = 0; c < L; ++c) acc[c] = v::zero();
+  if (n == L) {
+    const float* kb = kh + j0 * stride;
+    // Contiguous rows: the next block's keys are the D lines after this block's; one prefetch per
+    // step brings them in while this block computes (the cache's rows come cold from memory).
+    const bool ahead = RowStride == p.D && j0 + 2 * L <= p.S;
+    for (int64_t d = 0; d < p.D; ++d) {
+      if (ahead) _mm_prefetch(reinterpret_cast<const char*>(kb + L * stride + d * 16), _MM_HINT_T0);
+      const v::vf qv = v::load(qt + d * L);
+      for (int c = 0; c < L; ++c) acc[c] = v::fmadd(qv, v::set1(kb[c * stride + d]), acc[c]);
+    }
+  } else {  // the last, partial block
+    for (int64_t d = 0; d < p.D; ++d) {
+      const v::vf qv = v::load(qt + d * L);
+      for (int64_t c = 0; c < n; ++c) acc[c] = v::fmadd(qv, v::set1(kh[(j0 + c) * stride + d]), acc[c]);
+    }
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t j = j0 + c;
+    v::vf x = acc[c];
+    if (j >= p.open) {
+      alignas(64) float add[L];
+      for (int r = 0; r < L; ++r) add[r] = p.mask[node[r] * p.S + j];
+      x = v::add(x, v::load(add));
+    }
+    v::store(s + j * L, x);
+    mx = v::max(mx, x);
+  }
+}
+
+// Rows [row, row + rows) (rows <= L) of key/value head h; `s` holds S x L scores.
+inline void tile(const Problem& p, int64_t h, int64_t row, int64_t rows, float* s) {
+  const int64_t D = p.D, S = p.S;
+  alignas(64) float qt[128 * L];  // [D][L]: the rows' queries, transposed
+  alignas(64) float ot[128 * L];  // [D][L]: their outputs
+  int64_t node[L], head[L];
+  for (int r = 0; r < L; ++r) {
+    const int64_t i = row + std::min<int64_t>(r, rows - 1);  // spare lanes repeat the last row
+    head[r] = h * p.G + i / p.N;
+    node[r] = i % p.N;
+    const float* src = p.q + (h * p.G * p.N + i) * D;
+    for (int64_t d = 0; d < D; ++d) qt[d * L + r] = src[d];
+  }
+  const float* kh = p.k + h * p.k_head;
+  v::vf mx = v::set1(-std::numeric_limits<float>::infinity());
+  for (int64_t j0 = 0; j0 < S; j0 += L) {
+    const int64_t n = std::min<int64_t>(L, S - j0);
+    if (p.k_row == 64) score_block<64>(p, qt, kh, node, j0, n, s, mx);
+    else if (p.k_row == 128) score_block<128>(p, qt, kh, node, j0, n, s, mx);
+    else score_block<0>(p, qt, kh, node, j0, n, s, mx);
+  }
+  v::vf l = v::zero();
+  for (int64_t j = 0; j < S; ++j) {
+    const v::vf e = v::exp(v::sub(v::load(s + j * L), mx));
+    v::store(s + j * L, e);
+    l = v::add(l, e);
+  }
+  const v::vf inv = v::div(v::set1(1.0f), l);
+  const float* vh = p.v + h * p.v_head;
+  for (int64_t d0 = 0; d0 < D; d0 += L) {
+    v::vf o[L];
+    for (int c = 0; c < L; ++c) o[c] = v::zero();
+    const float* vr = vh + d0;
+    for (int64_t j = 0; j < S; ++j, vr += D) {
+      // This pass reads one line of each value row: fetch the line 32 rows ahead.
+      if (j + 32 < S) _mm_prefetch(reinterpret_cast<const char*>(vr + 32 * D), _MM_HINT_T0);
+      const v::vf pj = v::load(s + j * L);
+      for (int c = 0; c < L; ++c) o[c] = v::fmadd(pj, v::set1(vr[c]), o[c]);
+    }
+    for (int c = 0; c < L; ++c) v::store(ot + (d0 + c) * L, v::mul(o[c], inv));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = p.out + (node[r] * p.Hq + head[r]) * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = ot[d * L + r];
+  }
+}
+
+// The number of leading keys that no row of the [N, S] additive mask hides (mask exactly 0).
+inline int64_t open_keys(const float* mask, int64_t N, int64_t S) {
+  int64_t open = S;
+  const v::vf zero = v::zero();
+  for (int64_t n = 0; n < N && open > 0; ++n) {
+    const float* row = mask + n * S;
+    int64_t j = 0;
+    for (; j + L <= open; j += L) {  // L at a time while every lane is 0
+      const v::vf x = v::load(row + j);
+      if (v::greater_bits(x, zero) | v::greater_bits(zero, x)) break;
+    }
+    while (j < open && row[j] == 0.0f) ++j;
+    open = j;
+  }
+  return open;
+}
+
+// queries [Hq, N, D] scaled and contiguous, k and v [1, Hkv, S, D], m [N, S] -> [1, N, Hq, D].
+inline torch::Tensor run(const torch::Tensor& queries, const torch::Tensor& k, const torch::Tensor& v,
+                         const torch::Tensor& m) {
+  const int64_t Hq = queries.size(0), N = queries.size(1), D = queries.size(2);
+  const int64_t Hkv = k.size(1), S = k.size(2), G = Hq / Hkv, rows = G * N;
+  TORCH_CHECK(D % L == 0 && D <= 128, "tree_attention (lanes): head_dim must be a multiple of ", L, " up to 128");
+  auto out = torch::empty({1, N, Hq, D}, queries.options());
+  const float* mask = m.data_ptr<float>();
+  const Problem p{queries.data_ptr<float>(), k.data_ptr<float>(), k.stride(1), k.stride(2),
+                  v.data_ptr<float>(), v.stride(1), mask, out.data_ptr<float>(), Hq, G, N, S, D,
+                  open_keys(mask, N, S)};
+  const int64_t tiles = (rows + L - 1) / L;
+  at::parallel_for(0, Hkv * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> s(S * L);  // [S][L] scores, then probabilities
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t h = t / tiles, row = (t % tiles) * L;
+      tile(p, h, row, std::min<int64_t>(L, rows - row), s.data());
+    }
+  });
+  return out;
+}
+
+}  // namespace oilbird::lanes
