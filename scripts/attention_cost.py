@@ -30,7 +30,7 @@ from oilbird.skinny_gemm import kernels, skinny_available
 SHAPES = {"smollm2 (9/3 heads, D 64), cache 512": (9, 3, 64, 512),
           "qwen0.5b (14/2 heads, D 64), cache 2048": (14, 2, 64, 2048)}
 NODES = (1, 2, 4, 6, 8, 12, 16, 64)
-KERNELS = ("two-pass", "online", "lanes")
+KERNELS = ("two-pass", "lanes")
 
 
 def fastest_ms(fn, repeats: int) -> float:

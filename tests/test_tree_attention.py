@@ -87,7 +87,7 @@ def test_the_skinny_kernel_leaves_what_it_does_not_cover_to_sdpa():
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
-@pytest.mark.parametrize("kernel", ["two-pass", "online", "lanes"])
+@pytest.mark.parametrize("kernel", ["two-pass", "lanes"])
 @pytest.mark.parametrize("kv_heads,groups,nodes,dim", [(2, 7, 40, 64), (3, 3, 64, 64), (1, 2, 33, 128),
                                                        (3, 3, 1, 64), (3, 3, 6, 64)])
 def test_every_kernel_is_exact_on_trees_of_any_size(kernel, kv_heads, groups, nodes, dim):
@@ -109,7 +109,7 @@ def test_every_kernel_is_exact_on_trees_of_any_size(kernel, kv_heads, groups, no
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
-@pytest.mark.parametrize("kernel", ["two-pass", "online", "lanes"])
+@pytest.mark.parametrize("kernel", ["two-pass", "lanes"])
 def test_every_kernel_honors_a_mask_that_hides_cached_keys(kernel):
     """A masked column inside the cache (a stale row), not only among the tree's own: the lanes
     kernel adds the mask from the first column any row hides, wherever that is."""
@@ -180,14 +180,14 @@ def test_causal_attention_over_a_cached_prefix_matches_sdpa_with_its_causal_mask
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
-def test_causal_attention_refuses_a_mask_and_the_online_kernel():
+def test_causal_attention_refuses_a_mask_and_the_lanes_kernel():
     from oilbird.skinny_gemm import kernels
 
     q, k, v = torch.randn(3, 1, 2, 4, 64)
     with pytest.raises(RuntimeError, match="causal attention takes no mask"):
         kernels().tree_attention(q, k, v, torch.zeros(1, 1, 4, 4), 0.125, causal=True)
     with pytest.raises(RuntimeError, match="causal attention takes no mask"):
-        kernels().tree_attention(q, k, v, None, 0.125, "online", causal=True)
+        kernels().tree_attention(q, k, v, None, 0.125, "lanes", causal=True)
 
 
 def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():

@@ -16,8 +16,10 @@ every query head of a group reads its key/value head in place. On an AVX2 host i
 attention per tile of query rows (scores of 3 rows x 4 cached keys per step, a plain softmax,
 then the values), as fast as PyTorch's CPU SDPA or faster at every size measured, one-token
 steps included (1.4-3.3x at 1-8 nodes, 1.0-1.2x at 64, one or two threads; docs/RESULTS.md,
-issue 15); on an AVX-512 host the same up to 4 queries and online-softmax attention on 16-lane
-registers from 5. One-token steps (no mask) use it too, and so does a prefill (several tokens, no
+issue 15); on an AVX-512 host the same below 7 query rows (a group's heads x the nodes) and from
+there attention with 16 query rows in a register's lanes (a lane-wise softmax, no reductions
+across lanes). Both prefetch the cache's rows, which decoding reads cold. One-token steps (no
+mask) use them too, and so does a prefill (several tokens, no
 mask: causal) of up to `CAUSAL_MAX_KV_BYTES`, in the two-pass kernel's causal mode, which skips
 the keys a tile of rows cannot see; a prefill over a reused cached prefix too, since the mask
 builder registered with it (`prefix_causal_mask`) leaves out the causal mask SDPA's builds there

@@ -2,14 +2,13 @@
 //
 // A tree forward attends N tree nodes over S = cached + N keys under the tree mask. PyTorch's CPU
 // SDPA kernel runs its small matrix products through MKL, which on this project's AMD CPU takes a
-// slow generic path. Three kernels of ours: two-pass attention on 8-lane AVX2 registers
-// (tree_attention_avx2.h), attention with query rows in the lanes of the widest registers the
-// build has (tree_attention_lanes.h), and online-softmax attention with keys in the lanes
-// (tree_attention_online.h). On AVX2 the two-pass kernel is the faster at every size; on AVX-512
-// (measured on Zen 4) it is below 12 query rows (a group's heads x the nodes: SmolLM2's 3 x 4,
-// Qwen2.5's 7 x 2) and the lanes kernel from there on, faster than the online one at every size.
-// All attend every query head of a group to its key/value head in place (no copies per group).
-// The measurements: docs/RESULTS.md, issue 15 (scripts/attention_cost.py).
+// slow generic path. Two kernels of ours: two-pass attention on 8-lane AVX2 registers
+// (tree_attention_avx2.h) and attention with query rows in the lanes of the widest registers the
+// build has (tree_attention_lanes.h). On AVX2 the two-pass kernel is the faster at every size; on
+// AVX-512 (measured on Zen 4) it is below 7 query rows (a group's heads x the nodes) and the
+// lanes kernel from there on (it replaced an online-softmax kernel with keys in the lanes, slower
+// at every size). Both attend every query head of a group to its key/value head in place (no
+// copies per group). The measurements: docs/RESULTS.md, issue 15 (scripts/attention_cost.py).
 //
 // Supported: head_dim 64 or 128, mask [N, S] additive float32 (finfo.min or -inf where masked).
 
@@ -17,12 +16,11 @@
 
 #include "tree_attention_avx2.h"
 #include "tree_attention_lanes.h"
-#include "tree_attention_online.h"
 
 // q [1, Hq, N, D], k and v [1, Hkv, S, D] (rows of each head contiguous), mask [1, 1, N, S]
 // additive float32 or none (every query attends every key) -> [1, N, Hq, D], what transformers'
 // attention functions return. `kernel`:
-// "online", "two-pass", or "" for the one this build's instruction set runs faster at N queries.
+// "lanes", "two-pass", or "" for the one this build's instruction set runs faster at N queries.
 // `causal` (no mask): query n attends keys [0, S - N + n], as in a prefill over S - N cached
 // tokens; the two-pass kernel runs it and skips the keys no row of a tile can see.
 torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -53,8 +51,7 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
 #else
   const std::string chosen = kernel.empty() ? "two-pass" : kernel;
 #endif
-  if (chosen == "online") return oilbird::online::run(queries, k, v, m);
   if (chosen == "lanes") return oilbird::lanes::run(queries, k, v, m);
-  TORCH_CHECK(chosen == "two-pass", "tree_attention: unknown kernel '", kernel, "' (online, lanes or two-pass)");
+  TORCH_CHECK(chosen == "two-pass", "tree_attention: unknown kernel '", kernel, "' (lanes or two-pass)");
   return oilbird::avx2::run(queries, k, v, m, false);
 }

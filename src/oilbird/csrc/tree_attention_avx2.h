@@ -1,10 +1,10 @@
 // Tree attention on AVX2 (256-bit registers), two passes per tile of query rows, exact up to rounding.
 //
-// The online-softmax kernel (tree_attention_online.h) suits 16-lane registers; with 8 lanes its
-// per-block bookkeeping (two horizontal max and sum reductions, a rescale of the running outputs
-// and their round trip through L1 for every 16 keys) and the per-call packing of the keys cost as
-// much as the arithmetic. A tree forward's cache is short enough (S <= a few thousand) for a
-// tile's scores to stay in L1/L2, so this kernel does plain softmax attention in three steps:
+// Online softmax with keys in the lanes pays, on 8-lane registers, per-block bookkeeping (two
+// horizontal max and sum reductions, a rescale of the running outputs and their round trip
+// through L1 for every 16 keys) and a per-call packing of the keys that cost as much as the
+// arithmetic. A tree forward's cache is short enough (S <= a few thousand) for a tile's scores to
+// stay in L1/L2, so this kernel does plain softmax attention in three steps:
 //
 //   1. scores  s[r][j] = q_r . k_j + mask[r][j]   3 rows x 4 keys per step, keys read as cache rows
 //                                                  (no packing); the 12 sums reduced across lanes

@@ -1,7 +1,7 @@
 // Tree attention with query rows in vector lanes (float32), exact up to rounding.
 //
-// The online kernel (tree_attention_online.h) puts 16 *keys* in a register's lanes: every block
-// of 16 keys then costs each query row two horizontal reductions (max and sum), a rescale of its
+// With 16 *keys* in a register's lanes (online softmax, this kernel's predecessor), every block
+// of 16 keys costs each query row two horizontal reductions (max and sum), a rescale of its
 // running output, and the keys must be packed per call. Here the lanes hold 16 query *rows*
 // (flattened over a key/value head's group of query heads and the tree's nodes, as in the other
 // kernels), so the softmax is vertical: one running maximum and one sum per lane, no reductions
@@ -16,8 +16,9 @@
 //                                               times v_j[d] broadcast
 //
 // A tile costs the same whatever number of its lanes hold real rows, so the kernel suits trees
-// whose group x nodes fills the lanes (SmolLM2's 3 heads per group: 6 nodes or more); the binding
-// (tree_attention.cpp) hands smaller trees to the two-pass kernel.
+// whose group x nodes fills the lanes; the binding (tree_attention.cpp) hands fewer than 7 rows
+// to the two-pass kernel. Both prefetch the cache's rows ahead of use: decoding reads each
+// layer's cache cold from memory, a whole forward of weights after the last read.
 //
 // Supported: head_dim a multiple of the lane count (64, 128), mask [N, S] additive float32
 // (finfo.min or -inf where masked); every row must see at least one key (its own node does).
