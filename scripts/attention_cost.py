@@ -11,7 +11,7 @@ values come from memory, as in decoding, where every layer's cache was last read
 of weights ago; without it the same tensors stay in L2 between calls.
 
 `--prefill 100,300,700` times the prefill's causal attention instead (no cache, no mask): our
-two-pass kernel's causal mode against SDPA's `is_causal`.
+kernels' causal mode against SDPA's `is_causal`.
 
 Usage:
   .venv/bin/python scripts/attention_cost.py --threads 2 [--cold]
@@ -45,18 +45,21 @@ def fastest_ms(fn, repeats: int) -> float:
 
 
 def prefill_table(lengths: list[int], repeats: int) -> None:
-    """Causal attention of a prefill of each length, no cache: ours / SDPA, ms per layer call."""
-    print("| model shape | " + " | ".join(f"P={n}" for n in lengths) + " |  (ours causal / SDPA is_causal, ms)")
+    """Causal attention of a prefill of each length, no cache: ours (each kernel) / SDPA, ms per layer call."""
+    heading = " / ".join(f"{name} causal" for name in KERNELS) + " / SDPA is_causal, ms"
+    print("| model shape | " + " | ".join(f"P={n}" for n in lengths) + f" |  ({heading})")
     print("| --- |" + " ---: |" * len(lengths))
     for name, (hq, hkv, dim, _) in SHAPES.items():
         cells = []
         for n in lengths:
             q = torch.randn(1, hq, n, dim)  # [B, H_q, P, D]
             k, v = torch.randn(2, 1, hkv, n, dim)  # [B, H_kv, P, D] each
-            ours = fastest_ms(lambda: kernels().tree_attention(q, k, v, None, dim ** -0.5, causal=True), repeats)
+            ours = [fastest_ms(lambda kernel=kernel: kernels().tree_attention(q, k, v, None, dim ** -0.5, kernel,
+                                                                              causal=True), repeats)
+                    for kernel in KERNELS]
             sdpa = fastest_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2).contiguous(), repeats)
-            cells.append(f"{ours:.3f} / {sdpa:.3f}")
+            cells.append(" / ".join(f"{ms:.3f}" for ms in [*ours, sdpa]))
         print(f"| {name.split(', cache')[0]} | " + " | ".join(cells) + " |")
 
 

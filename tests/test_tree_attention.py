@@ -164,9 +164,11 @@ def test_one_token_steps_and_the_prefill_go_to_the_kernel():
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (14, 2), (4, 4)])
 @pytest.mark.parametrize("cached,nodes", [(0, 1), (0, 2), (0, 37), (0, 130), (5, 3), (61, 64), (200, 17)])
-def test_causal_attention_over_a_cached_prefix_matches_sdpa_with_its_causal_mask(dim, heads, kv_heads, cached, nodes):
+@pytest.mark.parametrize("kernel", ["two-pass", "lanes"])
+def test_causal_attention_over_a_cached_prefix_matches_sdpa_with_its_causal_mask(kernel, dim, heads, kv_heads,
+                                                                                 cached, nodes):
     """Query n attends keys [0, cached + n]: SDPA with the same rule spelled as a mask. Sizes
-    cover one-row tiles, tiles crossing heads, and key counts that are not multiples of 4."""
+    cover one-row tiles, tiles crossing heads, and key counts that are not multiples of 4 or 16."""
     from oilbird.skinny_gemm import kernels
 
     g = torch.Generator().manual_seed(cached * 1000 + nodes)
@@ -175,19 +177,19 @@ def test_causal_attention_over_a_cached_prefix_matches_sdpa_with_its_causal_mask
     allowed = torch.ones(nodes, cached + nodes, dtype=torch.bool).tril(cached)  # [N, S]
     ref = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed,
                                                            enable_gqa=True).transpose(1, 2)
-    ours = kernels().tree_attention(query, key, value, None, dim ** -0.5, causal=True)
+    ours = kernels().tree_attention(query, key, value, None, dim ** -0.5, kernel, causal=True)
     assert torch.allclose(ours, ref, atol=3e-6, rtol=1e-5), (ours - ref).abs().max()
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
-def test_causal_attention_refuses_a_mask_and_the_lanes_kernel():
+def test_causal_attention_refuses_a_mask_and_fewer_keys_than_queries():
     from oilbird.skinny_gemm import kernels
 
     q, k, v = torch.randn(3, 1, 2, 4, 64)
     with pytest.raises(RuntimeError, match="causal attention takes no mask"):
         kernels().tree_attention(q, k, v, torch.zeros(1, 1, 4, 4), 0.125, causal=True)
-    with pytest.raises(RuntimeError, match="causal attention takes no mask"):
-        kernels().tree_attention(q, k, v, None, 0.125, "lanes", causal=True)
+    with pytest.raises(RuntimeError, match="S >= N keys"):
+        kernels().tree_attention(q, k[:, :, :3], v[:, :, :3], None, 0.125, "lanes", causal=True)
 
 
 def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():

@@ -20,8 +20,8 @@ issue 15); on an AVX-512 host the same below 7 query rows (a group's heads x the
 there attention with 16 query rows in a register's lanes (a lane-wise softmax, no reductions
 across lanes). Both prefetch the cache's rows, which decoding reads cold. One-token steps (no
 mask) use them too, and so does a prefill (several tokens, no
-mask: causal) of up to `CAUSAL_MAX_KV_BYTES`, in the two-pass kernel's causal mode, which skips
-the keys a tile of rows cannot see; a prefill over a reused cached prefix too, since the mask
+mask: causal) of up to `CAUSAL_MAX_KV_BYTES`, in the kernels' causal mode, which skips the keys a
+tile of rows cannot see; a prefill over a reused cached prefix too, since the mask
 builder registered with it (`prefix_causal_mask`) leaves out the causal mask SDPA's builds there
 (past `CAUSAL_MAX_KV_BYTES` it keeps that mask, for the kernel's masked path). Exact up
 to rounding (it sums in another order), float32 on a CPU, head_dim 64 or 128; anything else goes
@@ -85,7 +85,9 @@ CAUSAL_MAX_KV_BYTES = 384 * 1024
 """A prefill runs on our kernel's causal mode while one key/value head's keys and values fit in
 this many bytes (768 keys at head_dim 64), so that they stay in a core's L2 cache (1 MB on Zen 4,
 512 KB on Zen 3) across a tile's passes; longer prompts go to SDPA, which blocks over keys and
-was faster there (scripts/attention_cost.py --prefill; docs/RESULTS.md, issue 15)."""
+was faster there than the two-pass kernel (scripts/attention_cost.py --prefill; docs/RESULTS.md,
+issue 15). The lanes kernel of AVX-512 builds beat SDPA up to 4096 keys where measured; a limit per
+kernel is not made yet."""
 
 
 def causal_mode_fits(keys: int, head_dim: int, element_size: int = 4) -> bool:

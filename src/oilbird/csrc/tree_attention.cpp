@@ -35,13 +35,10 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
   TORCH_CHECK(k.stride(3) == 1, "tree_attention: each key must be a contiguous row");
   TORCH_CHECK(!mask.has_value() || (mask->scalar_type() == torch::kFloat32 && mask->numel() == N * S),
               "tree_attention: mask must be an additive float32 [1, 1, N, S]");
-  TORCH_CHECK(!causal || (!mask.has_value() && S >= N && (kernel.empty() || kernel == "two-pass")),
-              "tree_attention: causal attention takes no mask, S >= N keys and the two-pass kernel");
+  TORCH_CHECK(!causal || (!mask.has_value() && S >= N),
+              "tree_attention: causal attention takes no mask and S >= N keys");
   // Scaling the queries costs less than scaling the scores; rounding differs in the last bits.
   auto queries = q[0].mul(scale).contiguous();  // [Hq, N, D]
-  // Causal (a prefill): the two-pass kernel, which skips the keys a tile of rows cannot see.
-  if (causal) return oilbird::avx2::run(queries, k, v, c10::nullopt, true);
-  auto m = mask.has_value() ? mask->reshape({N, S}).contiguous() : torch::zeros({N, S}, q.options());
 #if defined(__AVX512F__)
   // Query rows (the group's heads x nodes) from which the lanes kernel is the faster with the
   // cache cold from memory, as decoding reads it (scripts/attention_cost.py --cold on Zen 4,
@@ -51,7 +48,13 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
 #else
   const std::string chosen = kernel.empty() ? "two-pass" : kernel;
 #endif
-  if (chosen == "lanes") return oilbird::lanes::run(queries, k, v, m);
-  TORCH_CHECK(chosen == "two-pass", "tree_attention: unknown kernel '", kernel, "' (lanes or two-pass)");
-  return oilbird::avx2::run(queries, k, v, m, false);
+  TORCH_CHECK(chosen == "lanes" || chosen == "two-pass", "tree_attention: unknown kernel '", kernel,
+              "' (lanes or two-pass)");
+  // Causal (a prefill): no mask; both kernels skip the keys a tile of rows cannot see.
+  if (causal) {
+    return chosen == "lanes" ? oilbird::lanes::run(queries, k, v, c10::nullopt, true)
+                             : oilbird::avx2::run(queries, k, v, c10::nullopt, true);
+  }
+  auto m = mask.has_value() ? mask->reshape({N, S}).contiguous() : torch::zeros({N, S}, q.options());
+  return chosen == "lanes" ? oilbird::lanes::run(queries, k, v, m, false) : oilbird::avx2::run(queries, k, v, m, false);
 }

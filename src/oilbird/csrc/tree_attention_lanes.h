@@ -20,6 +20,10 @@
 // to the two-pass kernel. Both prefetch the cache's rows ahead of use: decoding reads each
 // layer's cache cold from memory, a whole forward of weights after the last read.
 //
+// A causal forward (a prefill, perhaps over cached keys; no mask) gives lane r the keys
+// [0, S - N + node + 1): a tile scores only the keys its farthest-seeing row may see, and masks
+// per lane only those beyond what its nearest-seeing row may.
+//
 // Supported: head_dim a multiple of the lane count (64, 128), mask [N, S] additive float32
 // (finfo.min or -inf where masked); every row must see at least one key (its own node does).
 
@@ -46,10 +50,18 @@ struct Problem {
   int64_t k_head, k_row;
   const float* v;      // values: row s of head h at v + h * v_head + s * D
   int64_t v_head;
-  const float* mask;   // [N, S] additive
+  const float* mask;   // [N, S] additive; null when causal
   float* out;          // [N, Hq, D]
   int64_t Hq, G, N, S, D;
   int64_t open;        // keys [0, open) have mask 0 in every row: no mask to add
+  bool causal;         // node n attends keys [0, S - N + n]: the last N keys are the N queries'
+};
+
+// A tile's lanes: each one's tree node (its mask row) and the keys it may attend, [0, end).
+struct Lanes {
+  int64_t node[L], head[L], end[L];
+  int64_t keys;  // keys the tile scores: the most any lane attends
+  int64_t open;  // keys [0, open) every lane attends with mask 0
 };
 
 // Step 1 for one block of n <= L keys from j0: scores into s + j0 * L (one vector per key), the
@@ -57,7 +69,7 @@ struct Problem {
 // the keys' row stride when known at compile time (the cache's rows are contiguous: D), so that
 // each FMA addresses its key as base + constant instead of holding 16 key pointers; 0: p.k_row.
 template <int64_t RowStride>
-inline void score_block(const Problem& p, const float* qt, const float* kh, const int64_t* node, int64_t j0,
+inline void score_block(const Problem& p, const float* qt, const float* kh, const Lanes& t, int64_t j0,
                         int64_t n, float* s, v::vf& mx) {
   const int64_t stride = RowStride ? RowStride : p.k_row;
   v::vf acc[L];
@@ -66,7 +78,7 @@ inline void score_block(const Problem& p, const float* qt, const float* kh, cons
     const float* kb = kh + j0 * stride;
     // Contiguous rows: the next block's keys are the D lines after this block's; one prefetch per
     // step brings them in while this block computes (the cache's rows come cold from memory).
-    const bool ahead = RowStride == p.D && j0 + 2 * L <= p.S;
+    const bool ahead = RowStride == p.D && j0 + 2 * L <= t.keys;
     for (int64_t d = 0; d < p.D; ++d) {
       if (ahead) _mm_prefetch(reinterpret_cast<const char*>(kb + L * stride + d * 16), _MM_HINT_T0);
       const v::vf qv = v::load(qt + d * L);
@@ -81,9 +93,10 @@ inline void score_block(const Problem& p, const float* qt, const float* kh, cons
   for (int64_t c = 0; c < n; ++c) {
     const int64_t j = j0 + c;
     v::vf x = acc[c];
-    if (j >= p.open) {
+    if (j >= t.open) {
+      constexpr float kNegInf = -std::numeric_limits<float>::infinity();
       alignas(64) float add[L];
-      for (int r = 0; r < L; ++r) add[r] = p.mask[node[r] * p.S + j];
+      for (int r = 0; r < L; ++r) add[r] = p.causal ? (j < t.end[r] ? 0.0f : kNegInf) : p.mask[t.node[r] * p.S + j];
       x = v::add(x, v::load(add));
     }
     v::store(s + j * L, x);
@@ -93,24 +106,30 @@ inline void score_block(const Problem& p, const float* qt, const float* kh, cons
 
 // Rows [row, row + rows) (rows <= L) of key/value head h; `s` holds S x L scores.
 inline void tile(const Problem& p, int64_t h, int64_t row, int64_t rows, float* s) {
-  const int64_t D = p.D, S = p.S;
+  const int64_t D = p.D;
   alignas(64) float qt[128 * L];  // [D][L]: the rows' queries, transposed
   alignas(64) float ot[128 * L];  // [D][L]: their outputs
-  int64_t node[L], head[L];
+  Lanes t;
+  t.keys = 0, t.open = p.S;
   for (int r = 0; r < L; ++r) {
     const int64_t i = row + std::min<int64_t>(r, rows - 1);  // spare lanes repeat the last row
-    head[r] = h * p.G + i / p.N;
-    node[r] = i % p.N;
+    t.head[r] = h * p.G + i / p.N;
+    t.node[r] = i % p.N;
+    t.end[r] = p.causal ? p.S - p.N + t.node[r] + 1 : p.S;
+    t.keys = std::max(t.keys, t.end[r]);
+    t.open = std::min(t.open, t.end[r]);
     const float* src = p.q + (h * p.G * p.N + i) * D;
     for (int64_t d = 0; d < D; ++d) qt[d * L + r] = src[d];
   }
+  if (!p.causal) t.open = p.open;
+  const int64_t S = t.keys;
   const float* kh = p.k + h * p.k_head;
   v::vf mx = v::set1(-std::numeric_limits<float>::infinity());
   for (int64_t j0 = 0; j0 < S; j0 += L) {
     const int64_t n = std::min<int64_t>(L, S - j0);
-    if (p.k_row == 64) score_block<64>(p, qt, kh, node, j0, n, s, mx);
-    else if (p.k_row == 128) score_block<128>(p, qt, kh, node, j0, n, s, mx);
-    else score_block<0>(p, qt, kh, node, j0, n, s, mx);
+    if (p.k_row == 64) score_block<64>(p, qt, kh, t, j0, n, s, mx);
+    else if (p.k_row == 128) score_block<128>(p, qt, kh, t, j0, n, s, mx);
+    else score_block<0>(p, qt, kh, t, j0, n, s, mx);
   }
   v::vf l = v::zero();
   for (int64_t j = 0; j < S; ++j) {
@@ -133,7 +152,7 @@ inline void tile(const Problem& p, int64_t h, int64_t row, int64_t rows, float* 
     for (int c = 0; c < L; ++c) v::store(ot + (d0 + c) * L, v::mul(o[c], inv));
   }
   for (int64_t r = 0; r < rows; ++r) {
-    float* dst = p.out + (node[r] * p.Hq + head[r]) * D;
+    float* dst = p.out + (t.node[r] * p.Hq + t.head[r]) * D;
     for (int64_t d = 0; d < D; ++d) dst[d] = ot[d * L + r];
   }
 }
@@ -155,22 +174,26 @@ inline int64_t open_keys(const float* mask, int64_t N, int64_t S) {
   return open;
 }
 
-// queries [Hq, N, D] scaled and contiguous, k and v [1, Hkv, S, D], m [N, S] -> [1, N, Hq, D].
+// queries [Hq, N, D] scaled and contiguous, k and v [1, Hkv, S, D], m [N, S] or, when causal, none
+// -> [1, N, Hq, D].
 inline torch::Tensor run(const torch::Tensor& queries, const torch::Tensor& k, const torch::Tensor& v,
-                         const torch::Tensor& m) {
+                         const c10::optional<torch::Tensor>& m, bool causal) {
   const int64_t Hq = queries.size(0), N = queries.size(1), D = queries.size(2);
   const int64_t Hkv = k.size(1), S = k.size(2), G = Hq / Hkv, rows = G * N;
   TORCH_CHECK(D % L == 0 && D <= 128, "tree_attention (lanes): head_dim must be a multiple of ", L, " up to 128");
   auto out = torch::empty({1, N, Hq, D}, queries.options());
-  const float* mask = m.data_ptr<float>();
+  const float* mask = causal ? nullptr : m->data_ptr<float>();
   const Problem p{queries.data_ptr<float>(), k.data_ptr<float>(), k.stride(1), k.stride(2),
                   v.data_ptr<float>(), v.stride(1), mask, out.data_ptr<float>(), Hq, G, N, S, D,
-                  open_keys(mask, N, S)};
-  const int64_t tiles = (rows + L - 1) / L;
-  at::parallel_for(0, Hkv * tiles, 1, [&](int64_t t0, int64_t t1) {
+                  causal ? S - N + 1 : open_keys(mask, N, S), causal};
+  const int64_t tiles = (rows + L - 1) / L, count = Hkv * tiles;
+  at::parallel_for(0, count, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> s(S * L);  // [S][L] scores, then probabilities
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t h = t / tiles, row = (t % tiles) * L;
+    for (int64_t n = t0; n < t1; ++n) {
+      // Causal tiles cost more the later their nodes: take them from both ends in turn, so that
+      // each thread's contiguous share of n holds cheap and dear tiles alike.
+      const int64_t i = !causal ? n : n % 2 == 0 ? n / 2 : count - 1 - n / 2;
+      const int64_t h = i / tiles, row = (i % tiles) * L;
       tile(p, h, row, std::min<int64_t>(L, rows - row), s.data());
     }
   });
