@@ -22,7 +22,7 @@
 // attention functions return. `kernel`:
 // "lanes", "two-pass", or "" for the one this build's instruction set runs faster at N queries.
 // `causal` (no mask): query n attends keys [0, S - N + n], as in a prefill over S - N cached
-// tokens; the two-pass kernel runs it and skips the keys no row of a tile can see.
+// tokens; either kernel runs it and skips the keys no row of a tile can see.
 torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const c10::optional<torch::Tensor>& mask, double scale,
                              const std::string& kernel, bool causal) {
