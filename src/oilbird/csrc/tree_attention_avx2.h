@@ -27,22 +27,13 @@
 #include <vector>
 
 #include "simd.h"
+#include "tree_attention_problem.h"
 
 namespace oilbird::avx2 {
 
 namespace v = oilbird::simd;
 
-struct Problem {
-  const float* q;      // [Hq, N, D] scaled queries, contiguous
-  const float* k;      // keys: row s of head h at k + h * k_head + s * k_row
-  int64_t k_head, k_row;
-  const float* v;      // values: row s of head h at v + h * v_head + s * D
-  int64_t v_head;
-  const float* mask;   // [N, S] additive; null when causal
-  float* out;          // [N, Hq, D]
-  int64_t Hq, G, N, S, D;
-  bool causal;         // node n attends keys [0, S - N + n]: the last N keys are the N queries'
-};
+using Problem = oilbird::AttentionProblem;
 
 // Four 8-lane partial sums -> their four totals, in one 128-bit register.
 inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -222,7 +213,7 @@ inline torch::Tensor run(const torch::Tensor& queries, const torch::Tensor& k, c
   auto out = torch::empty({1, N, Hq, D}, queries.options());
   const Problem p{queries.data_ptr<float>(), k.data_ptr<float>(), k.stride(1), k.stride(2),
                   v.data_ptr<float>(), v.stride(1), causal ? nullptr : m->data_ptr<float>(),
-                  out.data_ptr<float>(), Hq, G, N, S, D, causal};
+                  out.data_ptr<float>(), Hq, G, N, S, D, causal, 0};
   const int64_t t = tile_rows(rows, Hkv, at::get_num_threads()), tiles = (rows + t - 1) / t;
   const int64_t count = Hkv * tiles;
   at::parallel_for(0, count, 1, [&](int64_t t0, int64_t t1) {

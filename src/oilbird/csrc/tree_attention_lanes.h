@@ -38,24 +38,14 @@
 #include <vector>
 
 #include "simd.h"
+#include "tree_attention_problem.h"
 
 namespace oilbird::lanes {
 
 namespace v = oilbird::simd;
 constexpr int L = v::kLanes;  // query rows per tile, and keys per block of scores
 
-struct Problem {
-  const float* q;      // [Hq, N, D] scaled queries, contiguous
-  const float* k;      // keys: row s of head h at k + h * k_head + s * k_row
-  int64_t k_head, k_row;
-  const float* v;      // values: row s of head h at v + h * v_head + s * D
-  int64_t v_head;
-  const float* mask;   // [N, S] additive; null when causal
-  float* out;          // [N, Hq, D]
-  int64_t Hq, G, N, S, D;
-  int64_t open;        // keys [0, open) have mask 0 in every row: no mask to add
-  bool causal;         // node n attends keys [0, S - N + n]: the last N keys are the N queries'
-};
+using Problem = oilbird::AttentionProblem;
 
 // A tile's lanes: each one's tree node (its mask row) and the keys it may attend, [0, end).
 struct Lanes {
@@ -185,7 +175,7 @@ inline torch::Tensor run(const torch::Tensor& queries, const torch::Tensor& k, c
   const float* mask = causal ? nullptr : m->data_ptr<float>();
   const Problem p{queries.data_ptr<float>(), k.data_ptr<float>(), k.stride(1), k.stride(2),
                   v.data_ptr<float>(), v.stride(1), mask, out.data_ptr<float>(), Hq, G, N, S, D,
-                  causal ? S - N + 1 : open_keys(mask, N, S), causal};
+                  causal, causal ? S - N + 1 : open_keys(mask, N, S)};
   const int64_t tiles = (rows + L - 1) / L, count = Hkv * tiles;
   at::parallel_for(0, count, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> s(S * L);  // [S][L] scores, then probabilities
