@@ -28,6 +28,9 @@ from oilbird.skinny_gemm import kernels, skinny_available
 from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier
 
+CHOICES = ("default", "two-pass", "lanes")
+"""`default`: the build's own choice (csrc/tree_attention.cpp); the others name a kernel."""
+
 
 def chooser(state: dict):
     """An attention function that sends masked multi-token forwards to `state['kernel']`."""
@@ -54,7 +57,16 @@ def main() -> None:
     if not ok:
         raise SystemExit(f"our kernels cannot run here: {why}")
     torch.set_num_threads(args.threads)
-    choices, sizes = args.choices.split(","), [int(n) for n in args.sizes.split(",")]
+    choices = args.choices.split(",")
+    unknown = [c for c in choices if c not in CHOICES]
+    if unknown:
+        p.error(f"--choices: unknown {', '.join(map(repr, unknown))}; pick from {', '.join(CHOICES)}")
+    try:
+        sizes = [int(n) for n in args.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        p.error(f"--sizes takes comma-separated positive node counts, got {args.sizes!r}")
     state = {"kernel": "default"}
     # The wrapper replaces our registration in this process only: the verifier checks the name.
     AttentionInterface.register(tree_attention.SKINNY_ATTENTION, chooser(state))
