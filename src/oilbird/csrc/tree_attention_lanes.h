@@ -55,7 +55,7 @@ struct Lanes {
 };
 
 // Step 1 for one block of n <= L keys from j0: scores into s + j0 * L (one vector per key), the
-// running lane-wise maximum in mx. `node[r]` is lane r's tree node (its mask row). RowStride is
+// running lane-wise maximum in mx. `t` holds each lane's node (its mask row) and keys. RowStride is
 // the keys' row stride when known at compile time (the cache's rows are contiguous: D), so that
 // each FMA addresses its key as base + constant instead of holding 16 key pointers; 0: p.k_row.
 template <int64_t RowStride>
