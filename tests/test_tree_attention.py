@@ -153,11 +153,35 @@ def test_one_token_steps_and_the_prefill_go_to_the_kernel():
     ref, _ = sdpa_attention_forward(module, prefill, key, value, None)
     assert not torch.equal(ours, ref)
     assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
-    # A prompt whose keys and values outgrow CAUSAL_MAX_KV_BYTES per head goes to SDPA, exactly.
-    long_key, long_value = torch.randn(2, 1, 3, 800, 64, generator=g)  # 2 x 800 x 64 x 4 B > 384 KB
-    long_prefill = torch.randn(1, 9, 800, 64, generator=g)
+    # A prompt whose keys and values outgrow its kernel's CAUSAL_MAX_KV_BYTES per head goes to
+    # SDPA, exactly (8193 keys on an AVX-512 build, whose prefills run the lanes kernel; 769 on AVX2).
+    keys = past_causal_limit(rows=9 // 3 * 769)
+    long_key, long_value = torch.randn(2, 1, 3, keys, 64, generator=g)
+    long_prefill = torch.randn(1, 9, keys, 64, generator=g)
     ours, _ = skinny_tree_attention(module, long_prefill, long_key, long_value, None)
     assert torch.equal(ours, sdpa_attention_forward(module, long_prefill, long_key, long_value, None)[0])
+
+
+def past_causal_limit(rows: int, head_dim: int = 64) -> int:
+    """The fewest keys whose causal forward of `rows` query rows leaves the kernel's causal mode here."""
+    from oilbird.tree_attention import CAUSAL_MAX_KV_BYTES, causal_kernel
+
+    return CAUSAL_MAX_KV_BYTES[causal_kernel(rows)] // (2 * head_dim * 4) + 1
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+def test_each_kernel_has_its_causal_limit():
+    """A prefill's keys fit the causal mode up to its kernel's limit: the lanes kernel (AVX-512
+    builds, from 7 query rows) runs 8192 keys at head_dim 64, the two-pass kernel 768."""
+    from oilbird.skinny_gemm import isa
+    from oilbird.tree_attention import causal_kernel, causal_mode_fits
+
+    lanes = isa() in ("AVX512", "AMX")
+    assert causal_kernel(3 * 100) == ("lanes" if lanes else "two-pass")
+    assert causal_kernel(6) == "two-pass"  # a few rows run two-pass on either build
+    assert causal_mode_fits(768, 64, rows=6) and not causal_mode_fits(769, 64, rows=6)
+    assert causal_mode_fits(4096, 64, rows=300) == lanes and causal_mode_fits(2048, 128, rows=300) == lanes
+    assert causal_mode_fits(8192, 64, rows=300) == lanes and not causal_mode_fits(8193, 64, rows=300)
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
@@ -202,7 +226,8 @@ def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():
 
     from oilbird.tree_attention import prefix_causal_mask
 
-    config = SimpleNamespace(head_dim=64)  # 768 keys fit CAUSAL_MAX_KV_BYTES at head_dim 64
+    config = SimpleNamespace(head_dim=64)  # 768 keys fit CAUSAL_MAX_KV_BYTES at head_dim 64 on either kernel
+    too_many = 8193  # past either kernel's limit at head_dim 64
     assert prefix_causal_mask(1, 300, 353, q_offset=53, config=config) is None  # over 53 cached rows
     assert prefix_causal_mask(1, 30, 83, q_offset=53, config=config) is None
     assert prefix_causal_mask(1, 30, 30, attention_mask=torch.ones(1, 30, dtype=torch.bool), config=config) is None
@@ -211,7 +236,7 @@ def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():
     for args, kwargs in (((1, 300, 353), {"q_offset": 53, "attention_mask": padded}),
                          ((2, 300, 353), {"q_offset": 53}),
                          ((1, 300, 360), {"q_offset": 53}),
-                         ((1, 100, 900), {"q_offset": 800})):  # too many keys for the causal mode
+                         ((1, 100, too_many), {"q_offset": too_many - 100})):  # too many keys for the causal mode
         ours = prefix_causal_mask(*args, **kwargs, config=config)
         assert ours is not None and torch.equal(ours, sdpa_mask(*args, **kwargs))
     assert torch.equal(prefix_causal_mask(1, 300, 353, q_offset=53),  # no config: SDPA's, to be safe
@@ -219,10 +244,12 @@ def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
-@pytest.mark.parametrize("cached,nodes", [(53, 30), (700, 100)])
+@pytest.mark.parametrize("cached,nodes", [(53, 30), (700, 100), (None, 100)])
 def test_an_unmasked_prefill_over_a_cached_prefix_is_causal_lower_right(cached, nodes):
-    """No mask over N < S keys: query n sees keys [0, S - N + n], on the kernel (53 cached) and,
-    past CAUSAL_MAX_KV_BYTES (700 cached), on its masked path with the mask spelled out."""
+    """No mask over N < S keys: query n sees keys [0, S - N + n], on the kernel's causal mode (53
+    and 700 cached) and, past its kernel's CAUSAL_MAX_KV_BYTES (None: as many cached as that takes),
+    on its masked path with the mask spelled out."""
+    cached = past_causal_limit(rows=3 * nodes) - nodes if cached is None else cached
     g = torch.Generator().manual_seed(cached)
     module = Attn(3)
     query = torch.randn(1, 9, nodes, 64, generator=g)

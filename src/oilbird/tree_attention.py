@@ -20,7 +20,7 @@ issue 15); on an AVX-512 host the same below 7 query rows (a group's heads x the
 there attention with 16 query rows in a register's lanes (a lane-wise softmax, no reductions
 across lanes). Both prefetch the cache's rows, which decoding reads cold. One-token steps (no
 mask) use them too, and so does a prefill (several tokens, no
-mask: causal) of up to `CAUSAL_MAX_KV_BYTES`, in the kernels' causal mode, which skips the keys a
+mask: causal) of up to `CAUSAL_MAX_KV_BYTES` (per kernel), in the kernels' causal mode, which skips the keys a
 tile of rows cannot see; a prefill over a reused cached prefix too, since the mask
 builder registered with it (`prefix_causal_mask`) leaves out the causal mask SDPA's builds there
 (past `CAUSAL_MAX_KV_BYTES` it keeps that mask, for the kernel's masked path). Exact up
@@ -43,7 +43,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
 
 from oilbird.errors import ModelError
-from oilbird.skinny_gemm import kernels
+from oilbird.skinny_gemm import kernels, skinny_available
 
 TREE_ATTENTION = "oilbird_tree"
 """The attention implementation name models are switched to (`model.set_attn_implementation`)."""
@@ -81,18 +81,26 @@ SKINNY_ATTENTION = "oilbird_skinny"
 """The name of the skinny-kernel variant (`skinny_tree_attention`)."""
 SKINNY_HEAD_DIMS = (64, 128)
 """Head dims the skinny kernel supports."""
-CAUSAL_MAX_KV_BYTES = 384 * 1024
-"""A prefill runs on our kernel's causal mode while one key/value head's keys and values fit in
-this many bytes (768 keys at head_dim 64), so that they stay in a core's L2 cache (1 MB on Zen 4,
-512 KB on Zen 3) across a tile's passes; longer prompts go to SDPA, which blocks over keys and
-was faster there than the two-pass kernel (scripts/attention_cost.py --prefill; docs/RESULTS.md,
-issue 15). The lanes kernel of AVX-512 builds beat SDPA up to 4096 keys where measured; a limit per
-kernel is not made yet."""
+CAUSAL_MAX_KV_BYTES = {"two-pass": 384 * 1024, "lanes": 4 * 1024 * 1024}
+"""Per kernel, the prefills that run on its causal mode: while one key/value head's keys and
+values fit in so many bytes. The two-pass kernel: 768 keys at head_dim 64, while they stay in a
+core's L2 cache (1 MB on Zen 4, 512 KB on Zen 3) across a tile's passes; past that SDPA, which
+blocks over keys, was the faster. The lanes kernel (AVX-512 builds): 8192 keys at head_dim 64,
+the longest prompt measured, where it took 0.59x SDPA's time (scripts/attention_cost.py
+--prefill; docs/RESULTS.md, issue 15). Longer prompts go to SDPA (a prefill over a cached prefix:
+the kernel's masked path)."""
 
 
-def causal_mode_fits(keys: int, head_dim: int, element_size: int = 4) -> bool:
-    """Whether a causal prefill over `keys` keys runs the kernel's causal mode (`CAUSAL_MAX_KV_BYTES`)."""
-    return 2 * keys * head_dim * element_size <= CAUSAL_MAX_KV_BYTES
+def causal_kernel(rows: int) -> str:
+    """The kernel a causal forward of `rows` query rows (a group's heads x the tokens) runs on
+    here: the compiled module's own choice, or 'two-pass' where there is no module."""
+    return kernels().default_kernel(rows) if skinny_available()[0] else "two-pass"
+
+
+def causal_mode_fits(keys: int, head_dim: int, element_size: int = 4, rows: int = 1) -> bool:
+    """Whether a causal forward of `rows` query rows over `keys` keys runs the kernel's causal mode
+    (`CAUSAL_MAX_KV_BYTES` of the kernel `causal_kernel(rows)` picks)."""
+    return 2 * keys * head_dim * element_size <= CAUSAL_MAX_KV_BYTES[causal_kernel(rows)]
 
 
 def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
@@ -116,7 +124,9 @@ def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset:
     config = kwargs.get("config")
     head_dim = getattr(config, "head_dim", None) or (
         config.hidden_size // config.num_attention_heads if config is not None else None)
-    plain = (head_dim is not None and causal_mode_fits(kv_length, head_dim)
+    heads = getattr(config, "num_attention_heads", None)
+    group = heads // (getattr(config, "num_key_value_heads", None) or heads) if heads else 1
+    plain = (head_dim is not None and causal_mode_fits(kv_length, head_dim, rows=group * q_length)
              and batch_size == 1 and kv_offset == 0 and allow_is_causal_skip
              and mask_function is causal_mask_function and kwargs.get("local_size") is None
              and kv_length == int(q_offset) + q_length
@@ -139,7 +149,8 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     # Without a mask a forward of several tokens is causal (a prefill, perhaps over a cached
     # prefix: `prefix_causal_mask`): the kernel's causal mode, lower-right aligned.
     causal = attention_mask is None and query.shape[2] > 1
-    too_long = causal and not causal_mode_fits(key.shape[2], key.shape[3], key.element_size())
+    rows = query.shape[1] // key.shape[1] * query.shape[2]  # a group's heads x the tokens
+    too_long = causal and not causal_mode_fits(key.shape[2], key.shape[3], key.element_size(), rows)
     covered = (query.shape[0] == 1 and not dropout and query.dtype == torch.float32
                and query.device.type == "cpu" and query.shape[-1] in SKINNY_HEAD_DIMS
                and kwargs.get("s_aux") is None)

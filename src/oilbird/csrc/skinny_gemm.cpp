@@ -26,6 +26,7 @@
 torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const c10::optional<torch::Tensor>& mask, double scale,
                              const std::string& kernel, bool causal);  // tree_attention.cpp
+std::string default_kernel(int64_t rows);                                       // tree_attention.cpp
 std::tuple<torch::Tensor, torch::Tensor> topk_rows(const torch::Tensor& x, int64_t k);  // topk.cpp
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> certified_topk(
     const torch::Tensor& u, const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& norms,
@@ -66,6 +67,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_attention", &tree_attention, "grouped attention of few queries under a tree mask",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"), py::arg("kernel") = "",
         py::arg("causal") = false);
+  m.def("default_kernel", &default_kernel, "the tree-attention kernel this build runs for so many query rows");
   m.def("topk_rows", &topk_rows, "top-k of each row, ties to the lower index");
   m.def("certified_topk", &certified_topk,
         "float32 top-k of each row from approximate logits and an error bound");

@@ -38,8 +38,11 @@ void block(const float* x, const Wt* wp, float* y, int64_t K, int64_t N, int64_t
       _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T1);
     v::vf wv[NB * kPer];
     for (int b = 0; b < NB; ++b) {
-      // 32 lines (2 KiB) ahead: the stream stays ahead of the FMAs.
-      _mm_prefetch(reinterpret_cast<const char*>(w[b] + (k + 32) * kBlock), _MM_HINT_T0);
+      // Two distances: 96 lines (6 KiB) ahead into L2, which holds many more misses in flight
+      // than L1, so the memory stream keeps its bandwidth; 16 lines ahead from there into L1.
+      // One distance of 32 lines into L1 streamed 10-15% slower at 1-10 rows (Zen 4).
+      _mm_prefetch(reinterpret_cast<const char*>(w[b] + (k + 16) * kBlock), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w[b] + (k + 96) * kBlock), _MM_HINT_T1);
       for (int h = 0; h < kPer; ++h) wv[b * kPer + h] = v::load(w[b] + k * kBlock + h * v::kLanes);
     }
     for (int m = 0; m < M; ++m) {

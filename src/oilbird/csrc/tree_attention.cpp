@@ -17,6 +17,21 @@
 #include "tree_attention_avx2.h"
 #include "tree_attention_lanes.h"
 
+// The kernel `tree_attention` runs for `rows` query rows (a group's heads x the nodes) when the
+// caller names none; Python asks it too (oilbird/tree_attention.py: each kernel's causal limit).
+std::string default_kernel(int64_t rows) {
+#if defined(__AVX512F__)
+  // Query rows from which the lanes kernel is the faster with the cache cold from memory, as
+  // decoding reads it (scripts/attention_cost.py --cold on Zen 4, docs/RESULTS.md): SmolLM2 (3
+  // heads per group) from 3 nodes, Qwen2.5 (7) from 1.
+  constexpr int64_t kLanesFromRows = 7;
+  return rows < kLanesFromRows ? "two-pass" : "lanes";
+#else
+  (void)rows;
+  return "two-pass";
+#endif
+}
+
 // q [1, Hq, N, D], k and v [1, Hkv, S, D] (rows of each head contiguous), mask [1, 1, N, S]
 // additive float32 or none (every query attends every key) -> [1, N, Hq, D], what transformers'
 // attention functions return. `kernel`:
@@ -39,15 +54,7 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
               "tree_attention: causal attention takes no mask and S >= N keys");
   // Scaling the queries costs less than scaling the scores; rounding differs in the last bits.
   auto queries = q[0].mul(scale).contiguous();  // [Hq, N, D]
-#if defined(__AVX512F__)
-  // Query rows (the group's heads x nodes) from which the lanes kernel is the faster with the
-  // cache cold from memory, as decoding reads it (scripts/attention_cost.py --cold on Zen 4,
-  // docs/RESULTS.md): SmolLM2 (3 heads per group) from 3 nodes, Qwen2.5 (7) from 1.
-  constexpr int64_t kLanesFromRows = 7;
-  const std::string chosen = !kernel.empty() ? kernel : (Hq / Hkv) * N < kLanesFromRows ? "two-pass" : "lanes";
-#else
-  const std::string chosen = kernel.empty() ? "two-pass" : kernel;
-#endif
+  const std::string chosen = !kernel.empty() ? kernel : default_kernel((Hq / Hkv) * N);
   TORCH_CHECK(chosen == "lanes" || chosen == "two-pass", "tree_attention: unknown kernel '", kernel,
               "' (lanes or two-pass)");
   // Causal (a prefill): no mask; both kernels skip the keys a tile of rows cannot see.

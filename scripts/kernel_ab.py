@@ -1,0 +1,97 @@
+"""Our GEMM kernel against another version of its sources, alternated in one process.
+
+The host's speed drifts by up to a third within an hour, so two kernel versions are compared
+only inside one process, call by call: this script builds `src/oilbird/csrc` (this checkout's
+kernels, "ours") and the same translation units from `--variant DIR` (e.g. an older commit's
+sources: `git worktree add /tmp/old REV`, then `--variant /tmp/old/src/oilbird/csrc`), checks that
+both compute the same bits, and times a whole forward's worth of the model's linear layers
+(every decoder layer's, in order, weights read from memory as in decoding) for each row count,
+the two versions alternated and their order reversed every other round, fastest of `--repeats`.
+The floor column is the larger of the one-row time (the weights' bytes) and the multiply-adds at
+`--peak` G/s.
+
+Usage:
+  .venv/bin/python scripts/kernel_ab.py --variant /tmp/old/src/oilbird/csrc --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.cpp_extension import load
+
+from oilbird.models import load_model
+from oilbird.skinny_gemm import CSRC, SOURCES, _ninja_on_path, flags
+
+
+def build(csrc: Path, name: str, build_root: Path):
+    """The kernels module compiled from the translation units in `csrc` (headers beside them)."""
+    out = build_root / name
+    out.mkdir(parents=True, exist_ok=True)
+    with _ninja_on_path():
+        return load(name=name, sources=[str(csrc / p.name) for p in SOURCES], extra_cflags=flags(),
+                    extra_ldflags=["-fopenmp"], build_directory=str(out), verbose=False)
+
+
+def linear_shapes(model) -> list[tuple[int, int]]:
+    """(out, in) of every linear layer of the decoder, in forward order (the LM head apart)."""
+    return [(m.out_features, m.in_features) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and "lm_head" not in name]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", required=True, type=Path, help="a directory with the other version's csrc sources")
+    p.add_argument("--model", default="smollm2-135m", help="whose linear shapes to time")
+    p.add_argument("--rows", default="1,2,4,8,12,16,24,64", help="comma-separated row counts")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--peak", type=float, default=112.8, help="the cores' float32 multiply-adds, G/s")
+    p.add_argument("--build-dir", type=Path, default=Path("/tmp/oilbird-kernel-ab"))
+    args = p.parse_args()
+    try:
+        rows = [int(r) for r in args.rows.split(",")]
+        assert all(r > 0 for r in rows)
+    except (ValueError, AssertionError):
+        p.error(f"--rows takes comma-separated positive row counts, got {args.rows!r}")
+    if not (args.variant / SOURCES[0].name).is_file():
+        p.error(f"--variant {args.variant} holds no {SOURCES[0].name}: pass a csrc directory")
+    torch.set_num_threads(args.threads)
+    mods = {"ours": build(CSRC, "kernel_ab_ours", args.build_dir),
+            "variant": build(args.variant, "kernel_ab_variant", args.build_dir)}
+    shapes = linear_shapes(load_model(args.model).model)
+    g = torch.Generator().manual_seed(0)
+    packed = [mods["ours"].pack(torch.randn(n, k, generator=g)) for n, k in shapes]  # same layout in both
+    xs = {(m, k): torch.randn(m, k, generator=g) for m in rows for k in {k for _, k in shapes}}
+    for m in rows:  # the same bits, or the comparison means nothing
+        for (n, k), w in zip(shapes[:7], packed[:7]):
+            a, b = (mods[v].linear(xs[m, k], w, None) for v in ("ours", "variant"))
+            if not torch.equal(a, b):
+                raise SystemExit(f"the variant computes other bits at {m} rows, shape {n}x{k}")
+
+    def forward(mod, m: int) -> float:
+        start = time.perf_counter()
+        for (n, k), w in zip(shapes, packed):
+            mod.linear(xs[m, k], w, None)
+        return time.perf_counter() - start
+
+    best: dict[tuple[str, int], float] = {}
+    for r in range(args.repeats):
+        for m in rows:
+            for v in (("ours", "variant") if r % 2 == 0 else ("variant", "ours")):
+                best[v, m] = min(best.get((v, m), float("inf")), forward(mods[v], m))
+    macs = sum(n * k for n, k in shapes)
+    print(f"{len(shapes)} linear layers ({macs * 4 / 1e6:.0f} MB float32), {args.threads} threads, "
+          f"fastest of {args.repeats}, ms (x its one-row time)")
+    print("| rows | ours | variant | floor |\n| ---: | ---: | ---: | ---: |")
+    for m in rows:
+        cells = [f"{best[v, m] * 1e3:.2f} ({best[v, m] / best[v, rows[0]]:.2f})" for v in ("ours", "variant")]
+        floor = max(min(best["ours", rows[0]], best["variant", rows[0]]), m * macs / args.peak / 1e9)
+        print(f"| {m} | {cells[0]} | {cells[1]} | {floor * 1e3:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
