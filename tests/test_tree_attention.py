@@ -226,7 +226,7 @@ def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():
 
     from oilbird.tree_attention import prefix_causal_mask
 
-    config = SimpleNamespace(head_dim=64)  # 768 keys fit CAUSAL_MAX_KV_BYTES at head_dim 64 on either kernel
+    config = SimpleNamespace(head_dim=64)  # 768 keys fit either kernel's CAUSAL_MAX_KV_BYTES at head_dim 64
     too_many = 8193  # past either kernel's limit at head_dim 64
     assert prefix_causal_mask(1, 300, 353, q_offset=53, config=config) is None  # over 53 cached rows
     assert prefix_causal_mask(1, 30, 83, q_offset=53, config=config) is None
@@ -236,7 +236,7 @@ def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():
     for args, kwargs in (((1, 300, 353), {"q_offset": 53, "attention_mask": padded}),
                          ((2, 300, 353), {"q_offset": 53}),
                          ((1, 300, 360), {"q_offset": 53}),
-                         ((1, 100, too_many), {"q_offset": too_many - 100})):  # too many keys for the causal mode
+                         ((1, 100, too_many), {"q_offset": too_many - 100})):  # too many keys
         ours = prefix_causal_mask(*args, **kwargs, config=config)
         assert ours is not None and torch.equal(ours, sdpa_mask(*args, **kwargs))
     assert torch.equal(prefix_causal_mask(1, 300, 353, q_offset=53),  # no config: SDPA's, to be safe
@@ -247,8 +247,9 @@ def test_the_skinny_mask_builder_leaves_out_only_the_plain_causal_mask():
 @pytest.mark.parametrize("cached,nodes", [(53, 30), (700, 100), (None, 100)])
 def test_an_unmasked_prefill_over_a_cached_prefix_is_causal_lower_right(cached, nodes):
     """No mask over N < S keys: query n sees keys [0, S - N + n], on the kernel's causal mode (53
-    and 700 cached) and, past its kernel's CAUSAL_MAX_KV_BYTES (None: as many cached as that takes),
-    on its masked path with the mask spelled out."""
+    cached; 700 too on an AVX-512 build, past the two-pass kernel's limit on AVX2) and, past its
+    kernel's CAUSAL_MAX_KV_BYTES (None: as many cached as that takes), on the masked path with the
+    mask spelled out."""
     cached = past_causal_limit(rows=3 * nodes) - nodes if cached is None else cached
     g = torch.Generator().manual_seed(cached)
     module = Attn(3)

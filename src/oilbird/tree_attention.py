@@ -19,9 +19,9 @@ steps included (1.4-3.3x at 1-8 nodes, 1.0-1.2x at 64, one or two threads; docs/
 issue 15); on an AVX-512 host the same below 7 query rows (a group's heads x the nodes) and from
 there attention with 16 query rows in a register's lanes (a lane-wise softmax, no reductions
 across lanes). Both prefetch the cache's rows, which decoding reads cold. One-token steps (no
-mask) use them too, and so does a prefill (several tokens, no
-mask: causal) of up to `CAUSAL_MAX_KV_BYTES` (per kernel), in the kernels' causal mode, which skips the keys a
-tile of rows cannot see; a prefill over a reused cached prefix too, since the mask
+mask) use them too, and so does a prefill (several tokens, no mask: causal) of up to
+`CAUSAL_MAX_KV_BYTES` (per kernel), in the kernels' causal mode, which skips the keys a tile of
+rows cannot see; a prefill over a reused cached prefix too, since the mask
 builder registered with it (`prefix_causal_mask`) leaves out the causal mask SDPA's builds there
 (past `CAUSAL_MAX_KV_BYTES` it keeps that mask, for the kernel's masked path). Exact up
 to rounding (it sums in another order), float32 on a CPU, head_dim 64 or 128; anything else goes
