@@ -57,6 +57,7 @@ def dequantize_q4_1(raw) -> torch.Tensor:
 
 def check_model_weights(spec: str) -> str:
     """How the loaded model's decoder weights compare with fl(d * q + m) of its GGUF's Q4_1 blocks."""
+    import numpy as np
     from gguf import GGUFReader
 
     from oilbird.model_fetch import default_cache_dir, resolve_gguf
@@ -82,8 +83,17 @@ def check_model_weights(spec: str) -> str:
                 permuted += 1  # the same rows (bit for bit) in another order
             else:
                 raise SystemExit(f"layer {i} {module_name}: the float32 weight is not fl(d * q + m) of its blocks")
+    head = tensors["token_embd.weight"]  # tied: the LM head too
+    head_note = f"the LM head is {head.tensor_type.name}"
+    if head.tensor_type.name == "Q8_0":  # per 32: d float16, 32 int8 q; w = d * q, exact in float32
+        blocks = np.asarray(head.data).reshape(head.data.shape[0], -1, 34)
+        d = blocks[:, :, 0:2].copy().view(np.float16).astype(np.float32)
+        q = blocks[:, :, 2:].copy().view(np.int8).astype(np.float32)
+        exact = torch.equal(torch.from_numpy(d * q).reshape(head.data.shape[0], -1),
+                            model.get_output_embeddings().weight.detach())
+        head_note += f", {'bit-equal' if exact else 'NOT equal'} to fl(d * q) of its blocks"
     return (f"{spec}: {equal} decoder weights bit-equal to fl(d * q + m) of their Q4_1 blocks, {permuted} "
-            f"the same rows permuted (query/key), {other} not Q4_1")
+            f"the same rows permuted (query/key), {other} not Q4_1; {head_note}")
 
 
 def main() -> None:
