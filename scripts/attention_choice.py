@@ -27,6 +27,7 @@ from oilbird.models import load_model
 from oilbird.skinny_gemm import kernels, skinny_available
 from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier
+from forward_cost import row_counts  # scripts/ is on sys.path
 
 CHOICES = ("default", "two-pass", "lanes")
 """`default`: the build's own choice (csrc/tree_attention.cpp); the others name a kernel."""
@@ -49,7 +50,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--choices", default="two-pass,default", help="comma-separated: default or a kernel name")
-    p.add_argument("--sizes", default="1,4,6,8,11,16,24,64")
+    p.add_argument("--sizes", default="1,4,6,8,11,16,24,64", type=row_counts)
     p.add_argument("--prefix", type=int, default=512)
     p.add_argument("--repeats", type=int, default=15)
     args = p.parse_args()
@@ -61,12 +62,7 @@ def main() -> None:
     unknown = [c for c in choices if c not in CHOICES]
     if unknown:
         p.error(f"--choices: unknown {', '.join(map(repr, unknown))}; pick from {', '.join(CHOICES)}")
-    try:
-        sizes = [int(n) for n in args.sizes.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        p.error(f"--sizes takes comma-separated positive node counts, got {args.sizes!r}")
+    sizes = args.sizes
     state = {"kernel": "default"}
     # The wrapper replaces our registration in this process only: the verifier checks the name.
     AttentionInterface.register(tree_attention.SKINNY_ATTENTION, chooser(state))

@@ -26,6 +26,7 @@ import time
 import torch
 
 from oilbird.skinny_gemm import kernels, skinny_available
+from forward_cost import row_counts  # scripts/ is on sys.path
 
 SHAPES = {"smollm2 (9/3 heads, D 64), cache 512": (9, 3, 64, 512),
           "qwen0.5b (14/2 heads, D 64), cache 2048": (14, 2, 64, 2048)}
@@ -67,7 +68,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--prefill", default="", help="comma-separated prompt lengths: time causal prefill attention")
+    p.add_argument("--prefill", type=row_counts, help="comma-separated prompt lengths: time causal prefill attention")
     p.add_argument("--cold", action="store_true", help="keys and values from memory, not from the cache")
     args = p.parse_args()
     ok, why = skinny_available()
@@ -75,13 +76,7 @@ def main() -> None:
         raise SystemExit(f"our kernels cannot run here: {why}")
     torch.set_num_threads(args.threads)
     if args.prefill:
-        try:
-            lengths = [int(x) for x in args.prefill.split(",")]
-        except ValueError:
-            lengths = []
-        if not lengths or min(lengths) < 1:
-            p.error(f"--prefill takes comma-separated positive lengths, got {args.prefill!r}")
-        prefill_table(lengths, args.repeats)
+        prefill_table(args.prefill, args.repeats)
         return
     heading = " / ".join(KERNELS) + " / SDPA, ms" + (", cache cold" if args.cold else "")
     print("| model shape | " + " | ".join(f"N={n}" for n in NODES) + f" |  ({heading})")

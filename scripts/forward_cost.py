@@ -79,13 +79,14 @@ def forward_curve(loaded, model, prefix: int, repeats: int) -> dict[int, float]:
 
 
 def row_counts(text: str) -> list[int]:
-    """'1,16,64' -> [1, 16, 64]; argparse reports anything else as a usage error."""
+    """'1,16,64' -> [1, 16, 64]; argparse reports anything else as a usage error (an argparse
+    `type` for every script's comma-separated counts: rows, nodes, prompt lengths)."""
     try:
         rows = [int(r) for r in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
     if any(r < 1 for r in rows):
-        raise argparse.ArgumentTypeError(f"row counts must be at least 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"counts must be at least 1, got {text!r}")
     return rows
 
 

@@ -25,6 +25,7 @@ from torch.utils.cpp_extension import load
 
 from oilbird.models import load_model
 from oilbird.skinny_gemm import CSRC, SOURCES, _ninja_on_path, flags
+from forward_cost import row_counts  # scripts/ is on sys.path
 
 
 def build(csrc: Path, name: str, build_root: Path):
@@ -46,17 +47,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", required=True, type=Path, help="a directory with the other version's csrc sources")
     p.add_argument("--model", default="smollm2-135m", help="whose linear shapes to time")
-    p.add_argument("--rows", default="1,2,4,8,12,16,24,64", help="comma-separated row counts")
+    p.add_argument("--rows", default="1,2,4,8,12,16,24,64", type=row_counts, help="comma-separated row counts")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--peak", type=float, default=112.8, help="the cores' float32 multiply-adds, G/s")
     p.add_argument("--build-dir", type=Path, default=Path("/tmp/oilbird-kernel-ab"))
     args = p.parse_args()
-    try:
-        rows = [int(r) for r in args.rows.split(",")]
-        assert all(r > 0 for r in rows)
-    except (ValueError, AssertionError):
-        p.error(f"--rows takes comma-separated positive row counts, got {args.rows!r}")
+    rows = args.rows
     if not (args.variant / SOURCES[0].name).is_file():
         p.error(f"--variant {args.variant} holds no {SOURCES[0].name}: pass a csrc directory")
     torch.set_num_threads(args.threads)

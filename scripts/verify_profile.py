@@ -26,6 +26,7 @@ from oilbird.cost_curve import probe_tokens
 from oilbird.models import load_model
 from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier
+from forward_cost import row_counts  # scripts/ is on sys.path
 
 
 def verify_probe(verifier, prefix: int):
@@ -71,7 +72,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--prefix", type=int, default=512)
-    parser.add_argument("--sizes", default="1,8,16")
+    parser.add_argument("--sizes", default="1,8,16", type=row_counts)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=25)
@@ -80,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     verifier = TreeVerifier(loaded.tree_model(), loaded.stop_ids)
     what = "prefill" if args.prefill else "verify"
     with torch.inference_mode():
