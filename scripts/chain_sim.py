@@ -130,13 +130,8 @@ def run(method: str, args, loaded, verifier, prompts, reference) -> dict:
                 est_decode_s=est, differing=differing)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:  # a bad method or --set fails now, not after the model has loaded
-        for method in args.methods.split(","):
-            EngineDrafter.build(engine_config(method, args.set))
-    except ConfigError as e:
-        raise SystemExit(f"chain_sim: {e}") from None
+def load(args: argparse.Namespace):
+    """The model, its verifier and the workload's prompts (token ids), as `args` name them."""
     torch.set_num_threads(args.threads)
     per_category, limit = WORKLOADS[args.workload]
     requests = load_dataset("api-bank", per_category=per_category, limit=limit)
@@ -144,7 +139,17 @@ def main(argv=None) -> int:
         requests = requests[:args.limit]
     loaded = load_model(args.model) if args.model else load_model()
     prompts = encode_requests(loaded, requests)
-    verifier = TreeVerifier(loaded.model, loaded.stop_ids, VerifierConfig(top_k=10))
+    return loaded, TreeVerifier(loaded.model, loaded.stop_ids, VerifierConfig(top_k=10)), prompts
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:  # a bad method or --set fails now, not after the model has loaded
+        for method in args.methods.split(","):
+            EngineDrafter.build(engine_config(method, args.set))
+    except ConfigError as e:
+        raise SystemExit(f"chain_sim: {e}") from None
+    loaded, verifier, prompts = load(args)
     reference = None
     if args.reference:
         reference = [o["output_ids"] for o in json.loads(Path(args.reference).read_text())["outputs"]]
