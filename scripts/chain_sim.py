@@ -113,9 +113,14 @@ def serve(engine: EngineDrafter, verifier: TreeVerifier, rid: str, prompt: list[
     return out
 
 
+def empty_counts() -> dict:
+    """The counters `serve` adds to: steps, drafts, draft tokens, accepted, time, attribution."""
+    return dict(steps=0, drafts=0, draft_tokens=0, accepted=0, propose_s=0.0, by_source={}, drafter={})
+
+
 def run(method: str, args, loaded, verifier, prompts, reference) -> dict:
     engine = EngineDrafter.build(engine_config(method, args.set))
-    counts = dict(steps=0, drafts=0, draft_tokens=0, accepted=0, propose_s=0.0, by_source={}, drafter={})
+    counts = empty_counts()
     outputs, differing = [], []
     for i, prompt in enumerate(tqdm(prompts, desc=method, file=sys.stderr, leave=False)):
         out = serve(engine, verifier, f"r{i}", prompt, args, loaded.stop_ids, counts)

@@ -19,6 +19,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import pickle
 import cProfile
 import pstats
 import sys
@@ -57,7 +58,7 @@ def record(args) -> None:
     saved = {}
     for method in args.methods.split(","):
         engine = Recorder(EngineDrafter.build(chain_sim.engine_config(method, args.set)))
-        counts = dict(steps=0, drafts=0, draft_tokens=0, accepted=0, propose_s=0.0, by_source={}, drafter={})
+        counts = chain_sim.empty_counts()
         for i, prompt in enumerate(prompts):
             chain_sim.serve(engine, verifier, f"r{i}", prompt, sim, loaded.stop_ids, counts)
         saved[method] = dict(settings=args.set, events=engine.events)
@@ -90,7 +91,12 @@ def replay_once(method: str, settings: list[str], events: list) -> float:
 
 
 def replay(args) -> None:
-    saved = torch.load(args.replay, weights_only=False)
+    try:
+        saved = torch.load(args.replay, weights_only=False)  # our own recording: trusted pickles
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise SystemExit(f"drafter_replay: cannot read {args.replay!r} ({e}); make it with --record") from None
+    if not isinstance(saved, dict) or not all("events" in entry for entry in saved.values()):
+        raise SystemExit(f"drafter_replay: {args.replay!r} is not a --record file")
     torch.set_num_threads(args.threads)
     for method, entry in saved.items():
         steps = sum(e[0] == "step" for e in entry["events"])
