@@ -291,68 +291,86 @@ def shutdown(llm) -> None:
             traceback.print_exc()
 
 
-def run_method(method: str, source: str, reqs: list[dict], warm: list[int], args) -> dict:
-    """Build one LLM for `method`, warm it up, time one generate over all requests, shut it down."""
-    from vllm import LLM, SamplingParams
+def sampling_params(tenant: str, max_tokens: int):
+    """Greedy, token ids only, the tenant (pool) our proposer drafts from."""
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, detokenize=False,
+                          extra_args={"oilbird_tenant": tenant})
+
+
+def build_llm(method: str, source: str, reqs: list[dict], warm: list[int], args, record: dict):
+    """The LLM for `method`, warmed up; startup facts go into `record`."""
+    from vllm import LLM
     from vllm.inputs import TokensPrompt
 
+    longest = max(len(r["prompt_ids"]) for r in reqs)
+    max_len = args.max_model_len or -(-(longest + args.max_tokens + args.num_spec + 8) // 256) * 256
+    record["max_model_len"] = max_len
+    t0 = time.perf_counter()
+    device_kwargs = ({"gpu_memory_utilization": args.gpu_memory_utilization}
+                     if args.device == "cuda" else {})
+    llm = LLM(model=source, dtype=args.dtype, max_model_len=max_len,
+              max_num_seqs=args.max_num_seqs, enforce_eager=not args.compile,
+              enable_prefix_caching=not args.no_prefix_caching, disable_log_stats=False,
+              seed=0, **device_kwargs, **engine_kwargs(method, args))
+    record["startup_s"] = time.perf_counter() - t0
+    record["engine_env"] = engine_env()
+    if args.warmup:
+        t0 = time.perf_counter()
+        llm.generate([TokensPrompt(prompt_token_ids=warm)] * args.warmup,
+                     sampling_params("warmup", min(16, args.max_tokens)), use_tqdm=False)
+        record["warmup_s"] = time.perf_counter() - t0
+    return llm
+
+
+def timed_generate(llm, reqs: list[dict], args, use_tqdm: bool = True) -> dict:
+    """One timed `LLM.generate` over `reqs`: wall time, vLLM's spec-decode counters (deltas),
+    outputs, and the engine core's prefill/decode seconds per request."""
+    from vllm.inputs import TokensPrompt
+
+    before = counters(llm)
+    prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in reqs]
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, sampling_params(TENANT, args.max_tokens), use_tqdm=use_tqdm)
+    wall = time.perf_counter() - t0
+    after = counters(llm)
+    delta = {k: after[k] - before[k] for k in COUNTERS}
+    per_pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0)
+               for i, a in enumerate(after["per_pos"])]
+    outputs = [list(o.outputs[0].token_ids) for o in outs]
+    # Engine-core timestamps per request: prefill (scheduled -> first token) and decode (first
+    # -> last token), to tell where the time went.
+    stats = [getattr(o, "metrics", None) for o in outs]
+    timed = all(m is not None and getattr(m, "last_token_ts", 0) for m in stats)
+    n_out = sum(len(o) for o in outputs)
+    drafts, draft_tokens, accepted = (delta[k] for k in COUNTERS)
+    result = dict(
+        wall_s=wall, output_tokens=n_out, tokens_per_s=n_out / wall,
+        loadavg_1m=[load_before, os.getloadavg()[0]],  # other work on the machine?
+        num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
+        accepted_per_pos=per_pos,
+        acceptance=accepted / draft_tokens if draft_tokens else None,
+        mean_accepted_length=1 + accepted / drafts if drafts else None,
+        finish_reasons=[o.outputs[0].finish_reason for o in outs],
+        outputs=[dict(id=r["id"], output_ids=ids,
+                      **({"prefill_s": m.first_token_ts - m.scheduled_ts,
+                          "decode_s": m.last_token_ts - m.first_token_ts} if timed else {}))
+                 for r, ids, m in zip(reqs, outputs, stats)])
+    if timed:
+        result["prefill_s"] = sum(m.first_token_ts - m.scheduled_ts for m in stats)
+        result["decode_s"] = sum(m.last_token_ts - m.first_token_ts for m in stats)
+    return result
+
+
+def run_method(method: str, source: str, reqs: list[dict], warm: list[int], args) -> dict:
+    """Build one LLM for `method`, warm it up, time one generate over all requests, shut it down."""
     record = dict(method=method, ok=False, engine_kwargs=engine_kwargs(method, args))
     llm = None
     try:
-        longest = max(len(r["prompt_ids"]) for r in reqs)
-        max_len = args.max_model_len or -(-(longest + args.max_tokens + args.num_spec + 8) // 256) * 256
-        record["max_model_len"] = max_len
-        t0 = time.perf_counter()
-        device_kwargs = ({"gpu_memory_utilization": args.gpu_memory_utilization}
-                         if args.device == "cuda" else {})
-        llm = LLM(model=source, dtype=args.dtype, max_model_len=max_len,
-                  max_num_seqs=args.max_num_seqs, enforce_eager=not args.compile,
-                  enable_prefix_caching=not args.no_prefix_caching, disable_log_stats=False,
-                  seed=0, **device_kwargs, **engine_kwargs(method, args))
-        record["startup_s"] = time.perf_counter() - t0
-        record["engine_env"] = engine_env()
-
-        def params(tenant: str, max_tokens: int) -> SamplingParams:
-            return SamplingParams(temperature=0.0, max_tokens=max_tokens, detokenize=False,
-                                  extra_args={"oilbird_tenant": tenant})
-
-        if args.warmup:
-            t0 = time.perf_counter()
-            llm.generate([TokensPrompt(prompt_token_ids=warm)] * args.warmup,
-                         params("warmup", min(16, args.max_tokens)), use_tqdm=False)
-            record["warmup_s"] = time.perf_counter() - t0
-        before = counters(llm)
-        prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in reqs]
-        load_before = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params(TENANT, args.max_tokens), use_tqdm=True)
-        wall = time.perf_counter() - t0
-        record["loadavg_1m"] = [load_before, os.getloadavg()[0]]  # other work on the machine?
-        after = counters(llm)
-        delta = {k: after[k] - before[k] for k in COUNTERS}
-        per_pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0)
-                   for i, a in enumerate(after["per_pos"])]
-        outputs = [list(o.outputs[0].token_ids) for o in outs]
-        # Engine-core timestamps per request: prefill (scheduled -> first token) and decode (first
-        # -> last token), to tell where the time went.
-        stats = [getattr(o, "metrics", None) for o in outs]
-        if all(m is not None and getattr(m, "last_token_ts", 0) for m in stats):
-            record["prefill_s"] = sum(m.first_token_ts - m.scheduled_ts for m in stats)
-            record["decode_s"] = sum(m.last_token_ts - m.first_token_ts for m in stats)
-        n_out = sum(len(o) for o in outputs)
-        drafts, draft_tokens, accepted = (delta[k] for k in COUNTERS)
-        record.update(
-            ok=True, wall_s=wall, output_tokens=n_out, tokens_per_s=n_out / wall,
-            num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
-            accepted_per_pos=per_pos,
-            acceptance=accepted / draft_tokens if draft_tokens else None,
-            mean_accepted_length=1 + accepted / drafts if drafts else None,
-            finish_reasons=[o.outputs[0].finish_reason for o in outs],
-            outputs=[dict(id=r["id"], output_ids=ids,
-                          **({"prefill_s": m.first_token_ts - m.scheduled_ts,
-                              "decode_s": m.last_token_ts - m.first_token_ts}
-                             if m is not None and getattr(m, "last_token_ts", 0) else {}))
-                     for r, ids, m in zip(reqs, outputs, stats)])
+        llm = build_llm(method, source, reqs, warm, args, record)
+        record.update(timed_generate(llm, reqs, args), ok=True)
     except Exception as error:  # noqa: BLE001 -- a crashing drafter is reported, not fatal
         record.update(error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
         traceback.print_exc()
