@@ -109,8 +109,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ngram-max", type=int, default=None, help="ngram's prompt_lookup_max")
     p.add_argument("--node-budget", type=int, default=None,
                    help="our drafters' tree budget per step (default: EngineDrafterConfig's)")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="another EngineDrafterConfig field for our methods, e.g. min_reach=0.2 (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="[TAG:]FIELD=VALUE",
+                   help="another EngineDrafterConfig field for our methods, e.g. min_reach=0.2 "
+                        "(repeatable); with TAG: only for the method written NAME#TAG, e.g. "
+                        "--methods oilbird,oilbird#r3 --set r3:max_batch_reach=0.3")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: vLLM's CPU build (default); cuda: vLLM's CUDA build on one GPU")
     p.add_argument("--dtype", default=None,
@@ -223,7 +225,7 @@ def load_workload(args) -> tuple[str, list[dict], list[int]]:
 def engine_kwargs(method: str, args) -> dict:
     """The LLM(...) keywords that make `method` ('name#tag': the method `name` again, e.g. to
     check that the order of the runs does not matter)."""
-    method = method.partition("#")[0]
+    full, method = method, method.partition("#")[0]
     if method == "none":
         return {"async_scheduling": False}
     if method == "none-async":  # vLLM's own default without speculation
@@ -243,7 +245,7 @@ def engine_kwargs(method: str, args) -> dict:
                                    "num_speculative_tokens": args.num_spec},
             "worker_cls": ("oilbird.integrations.vllm.OilbirdGPUWorker" if args.device == "cuda"
                            else "oilbird.integrations.vllm.OilbirdCPUWorker"),
-            "additional_config": {"oilbird": oilbird_options(method, args)}}
+            "additional_config": {"oilbird": oilbird_options(full, args)}}
 
 
 def oilbird_options(method: str, args) -> dict:
@@ -251,7 +253,13 @@ def oilbird_options(method: str, args) -> dict:
     from oilbird.integrations.vllm.config import EngineDrafterConfig
     from oilbird.methods import override
 
-    items = dict(item.partition("=")[::2] for item in args.set)
+    method, _, tag = method.partition("#")
+    items = {}
+    for item in args.set:  # 'TAG:FIELD=VALUE' is for the method tagged '#TAG' only
+        scope, colon, setting = item.rpartition(":") if ":" in item.partition("=")[0] else ("", "", item)
+        if not colon or scope == tag:
+            key, _, value = setting.partition("=")
+            items[key] = value
     if args.node_budget is not None:
         items["node_budget"] = str(args.node_budget)
     config = override(EngineDrafterConfig(method=method), items, "--set")  # fails here, not in vLLM

@@ -263,7 +263,7 @@ def report(records, base, ours, args, env, out_dir, n) -> None:
         (out_dir / f"{r['method']}.json").write_text(json.dumps(dict(r, settings=settings), indent=1) + "\n")
     (out_dir / "table.md").write_text(markdown)
     summary = dict(settings=settings, environment=envinfo, table=markdown,
-                   rows=[{k: v for k, v in r.items() if k not in ("outputs", "chunks")} for r in records])
+                   rows=[{k: v for k, v in r.items() if k != "outputs"} for r in records])
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
