@@ -136,10 +136,10 @@ def pooled(method: str, startup: dict, chunks: list[dict]) -> dict:
     """One method's record over all chunks, in vllm_bench's shape (its table reads it)."""
     total = {k: sum(c[k] for c in chunks) for k in
              ("wall_s", "output_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens")}
-    per_pos: list[int] = []
+    per_pos = [0] * max(len(c["accepted_per_pos"]) for c in chunks)
     for c in chunks:
-        per_pos = [x + y for x, y in zip(per_pos, c["accepted_per_pos"])] + \
-            c["accepted_per_pos"][len(per_pos):]
+        for i, x in enumerate(c["accepted_per_pos"]):
+            per_pos[i] += x
     record = dict(startup, method=method, ok=True, **total, accepted_per_pos=per_pos,
                   tokens_per_s=total["output_tokens"] / total["wall_s"],
                   acceptance=(total["num_accepted_tokens"] / total["num_draft_tokens"]
