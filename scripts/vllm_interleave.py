@@ -69,6 +69,7 @@ def parse_args(argv=None):
 
 
 def atomic_write(path: Path, data: dict) -> None:
+    """Write JSON so that a reader polling for `path` never sees half of it."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
@@ -174,6 +175,7 @@ def paired(record: dict, ref: dict, draws: int = 2000) -> dict:
 
 
 def paired_table(records: list[dict], reference: str) -> str:
+    """The chunk-by-chunk comparison with `reference` (also stored in each record)."""
     ref = next(r for r in records if r["method"] == reference)
     lines = [f"| method | vs {reference}: pooled | geometric mean of chunks | 90% interval (bootstrap) | chunks ahead |",
              "|---|---|---|---|---|"]
@@ -243,6 +245,7 @@ def main(argv=None) -> int:
 
 
 def report(records, base, ours, args, env, out_dir, n) -> None:
+    """Print both tables; under --out write each method's record, table.md and summary.json."""
     isolation = (f"each method a vLLM engine in a process of its own, all alive; chunks of "
                  f"{ours.chunk} requests served by each in turn, the order rotated per chunk")
     envinfo = vb.environment(args, env, isolation)
