@@ -256,9 +256,9 @@ def oilbird_options(method: str, args) -> dict:
     method, _, tag = method.partition("#")
     items = {}
     for item in args.set:  # 'TAG:FIELD=VALUE' is for the method tagged '#TAG' only
-        scope, colon, setting = item.rpartition(":") if ":" in item.partition("=")[0] else ("", "", item)
-        if not colon or scope == tag:
-            key, _, value = setting.partition("=")
+        key, _, value = item.partition("=")
+        scope, _, key = key.rpartition(":")
+        if scope in ("", tag):
             items[key] = value
     if args.node_budget is not None:
         items["node_budget"] = str(args.node_budget)
