@@ -156,3 +156,38 @@ def test_a_drafter_learns_which_of_its_nodes_the_engine_will_verify():
     assert len(told) == 1 and len(told[0]) == len(proposal)
     spine = engine.drafter.requests["a"].spine_nodes
     assert all(1 <= node <= len(proposal) for node in spine)  # renumbered into the chain
+
+
+
+def _steps_with(topk: bool, method: str) -> list[list[int]]:
+    """Two requests of one tenant through `method`, the engine handing top-k rows or none. Each
+    step verifies the previous proposal and accepts none of it (the bonus token only)."""
+    engine = EngineDrafter.build(EngineDrafterConfig(method=method, length_policy="fixed"))
+    proposals = []
+    for rid in ("a", "b"):
+        drafts: list[int] = []
+        for token in (7, 8, 5, 6):
+            request = step(rid, [token], drafts)
+            if topk:  # the target's top-3 at each verified position: the bonus token, then 40, 41
+                rows = len(drafts) + 1
+                request.topk_ids = torch.tensor([[token, 40, 41]] * rows)
+                request.topk_logits = torch.tensor([[3.0, 2.0, 1.0]] * rows)
+            (drafts,) = engine.step([request], max_drafts=4)
+            proposals.append(drafts)
+        engine.finish(rid)
+    return proposals
+
+
+@pytest.mark.parametrize("method", ["pld", "sam", "suffix", "oilbird-pld"])
+def test_drafters_that_say_they_ignore_the_top_k_draft_the_same_without_it(method):
+    """The vLLM runner computes the top-k only for drafters with `uses_topk`: the others must not
+    read it, or skipping it would change their drafts."""
+    assert not EngineDrafter.build(EngineDrafterConfig(method=method)).drafter.uses_topk
+    assert _steps_with(True, method) == _steps_with(False, method)
+
+
+@pytest.mark.parametrize("method", ["tr", "goose", "oilbird", "oilbird-tr"])
+def test_drafters_that_read_the_top_k_say_so(method):
+    """... and their drafts change with it (without it they fall back to the argmax alone)."""
+    assert EngineDrafter.build(EngineDrafterConfig(method=method)).drafter.uses_topk
+    assert _steps_with(True, method) != _steps_with(False, method)

@@ -104,7 +104,11 @@ def _load():
     from oilbird.model_fetch import default_cache_dir
 
     key = source_key()
-    build = default_cache_dir() / "kernels" / f"skinny_gemm-{key}"
+    # One build per PyTorch installation as well: a build file names the include paths of the
+    # environment that wrote it, so two virtualenvs (the engine's and vLLM's) sharing one
+    # directory rebuilt it in turn, 1-2 min each time.
+    where = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
+    build = default_cache_dir() / "kernels" / f"skinny_gemm-{key}-{where}"
     try:
         # The build compiles copies kept beside it: every checkout of the same sources then
         # writes the same build file and reuses the same library, instead of rebuilding it for

@@ -74,6 +74,10 @@ class Drafter:
     """True when the drafter runs a model of its own and cannot draft before `attach(target)`."""
     prefill_topk: ClassVar[bool] = True
     """With `needs_prefill`: whether the prefill's top-k is wanted (it costs an LM-head pass over the prompt)."""
+    uses_topk: bool = False
+    """True when `observe` reads the verifier's top-k beyond the argmax. Our engine computes the
+    top-k in its argmax pass anyway; an engine that must compute it apart (vLLM) skips it for
+    drafters that would not read it."""
     hidden_layer: int | None = None
     """The hidden state the drafter reads from each forward (an index into transformers'
     `hidden_states`: 0 input embeddings, -1 after the final norm), or None for none; the

@@ -275,6 +275,7 @@ class Goose(Drafter):
     Config = GooseConfig
     State = GooseState
     needs_prefill = True  # the successor table harvests every prompt position too (configurable)
+    uses_topk = True  # the successor table's branches are the verifier's top-k
 
     def __init__(self, config: GooseConfig | None = None) -> None:
         super().__init__(config)

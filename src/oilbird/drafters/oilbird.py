@@ -111,6 +111,7 @@ class SemanticDrafter(Drafter):
         self.host = self.host_class(host_config)
         self.needs_prefill = True  # the first query (and the prompt's records) come from the prefill
         self.prefill_topk = self.host.needs_prefill and self.host.prefill_topk
+        self.uses_topk = self.host.uses_topk  # the semantic source reads hidden states only
         self.hidden_layer = self.config.sem_layer  # the one hidden state the verifier computes for us
         self.memories: TenantMap[SemanticMemory] = TenantMap(lambda: SemanticMemory(self.config))
 

@@ -316,6 +316,7 @@ class TokenRecycling(Drafter):
     name = "tr"
     Config = TokenRecyclingConfig
     State = TokenRecyclingState
+    uses_topk = True  # the adjacency rows are the verifier's top-k
 
     def __init__(self, config: TokenRecyclingConfig | None = None) -> None:
         super().__init__(config)
