@@ -21,6 +21,16 @@ import pytest
 from oilbird_servers import KEYS, METHOD, MODEL, VLLM_OPTIONS, Server, start
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _kernels() -> None:
+    """Our CPU kernels built for this environment before any server starts: a vLLM worker builds
+    them at start-up when they are missing (1-2 min once per machine), which belongs to no
+    server's start-up deadline (tests here start servers of their own too)."""
+    from oilbird.skinny_gemm import skinny_available
+
+    skinny_available()
+
+
 @pytest.fixture(scope="session")
 def _servers(tmp_path_factory, smol):
     """Both servers, started (not yet ready); stopped at the end of the session."""
