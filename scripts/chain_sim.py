@@ -19,6 +19,11 @@ Usage:
   .venv/bin/python scripts/chain_sim.py --methods oilbird,sam --workload slice \
       --reference out/vllm-bench-slice-seqs1-t1/none.json
   .venv/bin/python scripts/chain_sim.py --methods 'oilbird' --set node_budget=24 --set length_policy=fixed
+  .venv/bin/python scripts/chain_sim.py --methods 'oilbird,oilbird[spine_live=false]' --workload stream --max-num-seqs 8
+
+With `--max-num-seqs B` the requests run B at a time, as vLLM batches them: one adapter step per
+engine step for the whole batch, each request's chain verified on its own cache. The counters are
+exact again (greedy); the time estimate still models one request at a time.
 """
 
 from __future__ import annotations
@@ -58,11 +63,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-spec", type=int, default=8)
     p.add_argument("--model", default=None)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max-num-seqs", type=int, default=1,
+                   help="requests in flight at once, as vLLM's max_num_seqs (counters only: the "
+                        "time estimate models one request at a time)")
     p.add_argument("--step-s", type=float, default=0.0233, help="cost of a step without drafts")
     p.add_argument("--draft-token-s", type=float, default=0.0018, help="extra cost per draft token")
     p.add_argument("--reference", default=None, help="a vllm_bench method JSON whose outputs must match")
     p.add_argument("--out", default=None, help="write the results as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.max_num_seqs < 1:
+        p.error(f"--max-num-seqs must be at least 1, got {args.max_num_seqs}")
+    return args
 
 
 def engine_config(method: str, settings: list[str]) -> EngineDrafterConfig:
@@ -113,6 +124,49 @@ def serve(engine: EngineDrafter, verifier: TreeVerifier, rid: str, prompt: list[
     return out
 
 
+class InFlight:
+    """One request of a batch: its KV state, last verification, drafts and output so far."""
+
+    def __init__(self, rid: str, index: int, prompt: list[int], verifier: TreeVerifier):
+        self.rid, self.index, self.prompt = rid, index, prompt
+        self.state = verifier.prefill(prompt)
+        self.ver = verifier.verify(self.state, DraftTree.root(self.state.anchor), -1)  # the prefill's token
+        self.drafts: list[int] = []
+        self.out: list[int] = []
+
+
+def serve_batched(engine: EngineDrafter, verifier: TreeVerifier, prompts: list[list[int]], args,
+                  stop_ids: frozenset[int], counts: dict) -> list[list[int]]:
+    """All requests through the adapter, `args.max_num_seqs` in flight at once, as vLLM batches
+    them: one adapter step per engine step for the whole batch (so the batch raises the reach a
+    draft needs), then each request's chain verified on its own cache (greedy: the same outcome
+    as in one batched forward). A request that finishes leaves, the next one in line enters."""
+    k, queue, active = engine.config.topk, list(enumerate(prompts)), []
+    outputs: list[list[int]] = [[] for _ in prompts]
+    while queue or active:
+        while queue and len(active) < args.max_num_seqs:
+            index, prompt = queue.pop(0)
+            active.append(InFlight(f"r{index}", index, prompt, verifier))
+        batch = [step_request(r.rid, r.prompt, "api-bank", r.drafts, r.ver, k, args.max_tokens, stop_ids)
+                 for r in active]
+        t = time.perf_counter()
+        proposals = engine.step(batch, args.num_spec)
+        counts["propose_s"] += time.perf_counter() - t
+        for r, drafts in zip(list(active), proposals):
+            r.out.extend(r.ver.committed[:args.max_tokens - len(r.out)])
+            if len(r.out) >= args.max_tokens or r.ver.finished:
+                outputs[r.index] = r.out
+                engine.finish(r.rid)
+                active.remove(r)
+                continue
+            counts["steps"] += 1
+            counts["drafts"] += bool(drafts)
+            counts["draft_tokens"] += len(drafts)
+            r.drafts, r.ver = drafts, verifier.verify(r.state, DraftTree.chain(r.state.anchor, drafts, "engine"), -1)
+            counts["accepted"] += len(r.ver.path)
+    return outputs
+
+
 def empty_counts() -> dict:
     """The counters `serve` adds to: steps, drafts, draft tokens, accepted, time, attribution."""
     return dict(steps=0, drafts=0, draft_tokens=0, accepted=0, propose_s=0.0, by_source={}, drafter={})
@@ -121,12 +175,12 @@ def empty_counts() -> dict:
 def run(method: str, args, loaded, verifier, prompts, reference) -> dict:
     engine = EngineDrafter.build(engine_config(method, args.set))
     counts = empty_counts()
-    outputs, differing = [], []
-    for i, prompt in enumerate(tqdm(prompts, desc=method, file=sys.stderr, leave=False)):
-        out = serve(engine, verifier, f"r{i}", prompt, args, loaded.stop_ids, counts)
-        outputs.append(out)
-        if reference is not None and out != reference[i]:
-            differing.append(i)
+    if args.max_num_seqs > 1:
+        outputs = serve_batched(engine, verifier, prompts, args, loaded.stop_ids, counts)
+    else:
+        outputs = [serve(engine, verifier, f"r{i}", prompt, args, loaded.stop_ids, counts)
+                   for i, prompt in enumerate(tqdm(prompts, desc=method, file=sys.stderr, leave=False))]
+    differing = [i for i, out in enumerate(outputs) if reference is not None and out != reference[i]]
     tokens = sum(len(o) for o in outputs)
     est = counts["steps"] * args.step_s + counts["draft_tokens"] * args.draft_token_s + counts["propose_s"]
     return dict(method=method, settings=args.set, tokens=tokens, **counts,

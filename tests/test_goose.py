@@ -259,6 +259,17 @@ def test_pool_spine_drafts_from_the_tenants_past_requests():
     assert spines["pool"] == [4, 5, 6, 7, 8]  # what followed "2 3" in the earlier request
 
 
+def test_pool_spine_drafts_from_requests_in_flight_unless_told_not_to():
+    spines = {}
+    for live in (False, True):
+        goose = make_drafter("goose", GooseConfig(spine="pool", spine_live=live, harvest_prefill=False))
+        goose.start_request("running", [1, 2, 3, 4, 5, 6, 7, 8], "t")  # has not ended
+        goose.start_request("new", [9, 9, 2, 3], "t")
+        tree = goose.propose("new", 20)
+        spines[live] = [tree.tokens[n] for n in goose.state("new").spine_nodes]
+    assert spines == {False: [], True: [4, 5, 6, 7, 8]}
+
+
 def test_pool_spine_rejects_unknown_spines():
     with pytest.raises(ValueError, match="spine"):
         GooseConfig(spine="trie")

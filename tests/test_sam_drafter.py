@@ -1,5 +1,7 @@
 """SAM drafter on hand-built token lists: pool reuse, local matches, back-off, isolation, leakage."""
 
+import random
+
 import torch
 
 from oilbird.drafters import make_drafter
@@ -76,6 +78,51 @@ def test_no_leakage_of_the_current_request_into_the_pool():
     assert other.sam.match([70])[1] == 0
     drafter.stop_request("r1")
     assert other.sam.match([70, 71])[1] == 2
+
+
+def test_live_drafts_from_the_tenants_requests_in_flight_only_when_asked():
+    drafts = {}
+    for live in (False, True):
+        drafter = make_drafter("sam", SAMConfig(max_candidates=1, live=live))
+        drafter.start_request("a", [1, 2, 3], "t")
+        commit(drafter, "a", [4, 5, 6, 7])  # a is still running
+        drafter.start_request("x", [9, 2, 3], "u")
+        commit(drafter, "x", [40, 41, 42])  # another tenant's, matching longer ("9 2 3")
+        drafter.start_request("b", [9, 2, 3], "t")
+        drafts[live] = drafter.propose("b", budget=5).tokens[1:]
+    assert drafts == {False: [], True: [4, 5, 6, 7]}
+
+
+def test_a_live_match_with_nothing_after_it_leaves_the_pool_match_in_place():
+    drafter = make_drafter("sam", SAMConfig(max_candidates=1, live=True))
+    serve(drafter, "old", [1, 2], [3, 4, 5])  # in the pool: "1 2 3 4 5"
+    drafter.start_request("a", [7, 1, 2], "t")  # in flight: "7 1 2" ends its text
+    drafter.start_request("b", [7, 1, 2], "t")
+    assert drafter.propose("b", budget=4).tokens[1:] == [3, 4, 5]  # not a's empty continuation
+
+
+def test_a_live_cursor_stays_on_its_string_while_the_other_request_grows():
+    """Two requests over three tokens (many state splits): after every step, each live cursor
+    sits on the state a fresh match of its string finds in the other request's automaton."""
+    rng = random.Random(0)
+    drafter = make_drafter("sam", SAMConfig(max_candidates=1, live=True))
+    for rid in "ab":
+        drafter.start_request(rid, [rng.randrange(3) for _ in range(5)], "t")
+    checked = 0
+    for _ in range(300):
+        rid = rng.choice("ab")
+        drafter.propose(rid, 4)  # makes and refreshes its live cursor
+        commit(drafter, rid, [rng.randrange(3) for _ in range(rng.randint(1, 3))])
+        for me, other in (("a", "b"), ("b", "a")):
+            cursor = drafter.state(me).live.get(other)
+            if cursor is None:
+                continue
+            cursor.refresh()
+            text = drafter.state(me).sequence
+            found = drafter.state(other).local.match(text[len(text) - cursor.length:])
+            assert (cursor.state, cursor.length) == found
+            checked += cursor.length > 0
+    assert checked > 100
 
 
 def test_back_off_adds_other_continuations_within_budget():

@@ -91,6 +91,10 @@ class GooseConfig:
     spine_occurrence: str = "first"
     """spine='pool': copy the spine from the first or the most recent occurrence of the match
     (`SAMConfig.occurrence`)."""
+    spine_live: bool = True
+    """spine='pool': also match the committed text of the tenant's other requests in flight
+    (`SAMConfig.live`): in an engine's batch a request drafts from the answers its neighbours
+    are writing, as SuffixDecoding does. One request at a time it changes nothing."""
     harvest_prefill: bool = True
     """Also fill the successor table from every prompt position's top-K, as GOOSE does. It costs the full-vocabulary logits at every prompt position: a 20-50% slower prefill on a CPU (measured: docs/RESULTS.md)."""
 
@@ -285,7 +289,8 @@ class Goose(Drafter):
         self.tables: TenantMap[SuccessorTable] = TenantMap(
             lambda: SuccessorTable(cfg.max_rows, cfg.top_k))
         # spine='pool': a SAM drafter serves the same request ids as the spine's source.
-        self.pool_spine = SAMDrafter(SAMConfig(max_candidates=1, occurrence=cfg.spine_occurrence)) \
+        self.pool_spine = SAMDrafter(SAMConfig(max_candidates=1, occurrence=cfg.spine_occurrence,
+                                               live=cfg.spine_live)) \
             if cfg.spine == "pool" else None
 
     def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> GooseState:

@@ -6,9 +6,13 @@ Two automata answer "what followed the longest suffix of the text so far?":
 - a *local* automaton over each request's committed text (kept in its `SAMState`), extended
   token by token with its cursor advanced before each extension, so the text never matches its
   own newest position.
-The longer match drafts a chain of `min(max_predicts, 1 + floor(alpha * match_len))` tokens from
+With `live`, the local automata of the tenant's *other requests in flight* are matched too (their
+committed text so far, as SuffixDecoding's global tree holds active responses): in an engine that
+batches requests, a request then drafts from the answers its neighbours are writing, not only from
+those that ended. One request at a time (our decode loop) sees no difference.
+The longest match drafts a chain of `min(max_predicts, 1 + floor(alpha * match_len))` tokens from
 its first occurrence, or its most recent one with `occurrence='recent'` (ties go to the local
-automaton). When that chain is shorter than the budget
+automaton, then the pool's). When that chain is shorter than the budget
 allows, the drafter backs off: the other distinct next tokens after the matched suffix, then after
 shorter suffixes, each start one more chain under the root, until `max_candidates` chains or the
 budget is spent.
@@ -17,7 +21,7 @@ budget is spent.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.registry import register
@@ -46,6 +50,10 @@ class SAMConfig:
     """Which occurrence of the matched suffix a chain is copied from: 'first' (SAM-Decoding: the
     earliest, with the longest tail) or 'recent' (the latest; repetitive traffic tends to repeat
     its latest turn. The automata then also track latest ends: about 25% more build time)."""
+    live: bool = False
+    """Also match the committed text of the tenant's other requests in flight (see the module
+    docstring). Off for `sam` (SAM-Decoding matches its pool and the request only); Oilbird's
+    spine turns it on (`GooseConfig.spine_live`)."""
 
     def __post_init__(self) -> None:
         if self.occurrence not in ("first", "recent"):
@@ -70,6 +78,20 @@ class _Cursor:
     def advance(self, token: int) -> None:
         self.state, self.length = self.sam.advance(self.state, self.length, token)
 
+    def refresh(self) -> None:
+        """Re-seat the cursor after its automaton grew. An extension may split the matched
+        state, the shorter strings moving to a clone on its suffix-link path: walk up to the
+        state whose strings have the matched length. (New occurrences further on are not looked
+        for: the match stays valid, if not always the longest.)"""
+        link, lengths = self.sam.link, self.sam.length
+        while self.state > 0 and self.length <= lengths[link[self.state]]:
+            self.state = link[self.state]
+
+    def continues(self) -> bool:
+        """Whether the match has a continuation to copy: it does unless its only occurrence ends
+        the stream (a request in flight whose newest text this match is)."""
+        return self.length > 0 and self.sam.first_end[self.state] < len(self.sam.tokens) - 1
+
 
 def _advance_local(state: SAMState, token: int) -> None:
     state.local_cursor.advance(token)  # before extending: never match the newest position
@@ -92,6 +114,8 @@ class SAMState(RequestState):
     pool_cursor: _Cursor | None = None
     pool_version: int = -1
     """`store.version` when `pool_cursor` was last matched."""
+    live: dict[str, _Cursor] = field(default_factory=dict)
+    """`live`: other request id -> a cursor into that request's local automaton."""
 
 
 @register
@@ -127,11 +151,45 @@ class SAMDrafter(Drafter):
         for token in state.sequence[-self.config.max_predicts:]:
             state.pool_cursor.advance(token)
 
+    def _cursors(self, state: SAMState) -> list[_Cursor]:
+        """The request's match cursors, longest match first; the local automaton wins ties, then
+        the pool, then (with `live`) the other requests in flight, in the order they started."""
+        if state.store.version != state.pool_version:
+            self._sync_pool_cursor(state)
+        cursors = [state.local_cursor, state.pool_cursor]
+        if self.config.live:
+            cursors += self._live_cursors(state)
+        return sorted(cursors, key=lambda c: -c.length)  # stable
+
+    def _live_cursors(self, state: SAMState) -> list[_Cursor]:
+        """Cursors into the local automata of the tenant's other requests in flight, each matched
+        on this request's last `max_predicts` tokens when first needed, then advanced with its
+        commits (`observe`); only those whose match has a continuation to copy."""
+        others = {rid: other for rid, other in self.requests.items()
+                  if other is not state and other.tenant == state.tenant}
+        for rid in [rid for rid, c in state.live.items() if rid not in others or c.sam is not others[rid].local]:
+            del state.live[rid]  # that request ended (its text is in the pool now) or its id was reused
+        cursors = []
+        for rid, other in others.items():
+            cursor = state.live.get(rid)
+            if cursor is None:
+                cursor = state.live[rid] = _Cursor(other.local)
+                for token in state.sequence[-self.config.max_predicts:]:
+                    cursor.advance(token)
+            cursor.refresh()
+            if cursor.continues():
+                cursors.append(cursor)
+        return cursors
+
     def observe(self, request_id: str, verification: Verification) -> SAMState:
         state = super().observe(request_id, verification)
+        for cursor in state.live.values():
+            cursor.refresh()
         for token in verification.committed:
             _advance_local(state, token)
             state.pool_cursor.advance(token)
+            for cursor in state.live.values():
+                cursor.advance(token)
         return state
 
     def stop_request(self, request_id: str) -> SAMState | None:
@@ -145,10 +203,7 @@ class SAMDrafter(Drafter):
         """The chain the longest match drafts (at most `max_tokens`, SAM's length rule) and the
         match's length; ([], length) when the match is shorter than `min_match`. For drafters that
         use SAM as a lexical source (GOOSE's `spine='pool'`)."""
-        state = self.state(request_id)
-        if state.store.version != state.pool_version:
-            self._sync_pool_cursor(state)
-        best = max((state.local_cursor, state.pool_cursor), key=lambda c: c.length)  # local wins ties
+        best = self._cursors(self.state(request_id))[0]
         if best.length < self.config.min_match or max_tokens < 1:
             return [], best.length
         want = min(chain_length(best.length, self.config.alpha, self.config.max_predicts), max_tokens)
@@ -156,12 +211,10 @@ class SAMDrafter(Drafter):
 
     def propose(self, request_id: str, budget: int) -> DraftTree:
         state = self.state(request_id)
-        if state.store.version != state.pool_version:
-            self._sync_pool_cursor(state)
         tree = DraftTree.root(state.anchor)
         cfg = self.config
-        cursors = sorted((state.local_cursor, state.pool_cursor), key=lambda c: -c.length)
-        best = cursors[0]  # stable sort: the local automaton wins ties
+        cursors = self._cursors(state)
+        best = cursors[0]
         if best.length < cfg.min_match or budget < 2:
             return tree
         want = chain_length(best.length, cfg.alpha, cfg.max_predicts)
