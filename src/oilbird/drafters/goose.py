@@ -93,7 +93,7 @@ class GooseConfig:
     (`SAMConfig.occurrence`)."""
     spine_live: bool = True
     """spine='pool': also match the committed text of the tenant's other requests in flight
-    (`SAMConfig.live`): in an engine's batch a request drafts from the answers its neighbours
+    (`SAMConfig.live`): in an engine's batch a request drafts from the answers its neighbors
     are writing, as SuffixDecoding does. One request at a time it changes nothing."""
     harvest_prefill: bool = True
     """Also fill the successor table from every prompt position's top-K, as GOOSE does. It costs the full-vocabulary logits at every prompt position: a 20-50% slower prefill on a CPU (measured: docs/RESULTS.md)."""

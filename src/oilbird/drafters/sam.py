@@ -8,7 +8,7 @@ Two automata answer "what followed the longest suffix of the text so far?":
   own newest position.
 With `live`, the local automata of the tenant's *other requests in flight* are matched too (their
 committed text so far, as SuffixDecoding's global tree holds active responses): in an engine that
-batches requests, a request then drafts from the answers its neighbours are writing, not only from
+batches requests, a request then drafts from the answers its neighbors are writing, not only from
 those that ended. One request at a time (our decode loop) sees no difference.
 The longest match drafts a chain of `min(max_predicts, 1 + floor(alpha * match_len))` tokens from
 its first occurrence, or its most recent one with `occurrence='recent'` (ties go to the local
