@@ -270,6 +270,27 @@ def test_pool_spine_drafts_from_requests_in_flight_unless_told_not_to():
     assert spines == {False: [], True: [4, 5, 6, 7, 8]}
 
 
+def test_pool_spine_one_request_at_a_time_is_the_same_live_or_not():
+    requests = [([1, 2, 3, 4, 5, 1, 2], [3, 4, 6]), ([7, 1, 2, 3], [4, 5, 1]), ([2, 3, 4], [5, 1, 2])]
+    trees = {}
+    for live in (False, True):
+        goose = make_drafter("goose", GooseConfig(spine="pool", spine_live=live, harvest_prefill=False))
+        trees[live] = []
+        for n, (prompt, output) in enumerate(requests):
+            goose.start_request(f"r{n}", prompt, "t")
+            for token in output:
+                tree = goose.propose(f"r{n}", 12)
+                trees[live].append((tree.tokens, tree.parents, tree.sources, tree.scores))
+                topk = torch.tensor([[token, 9]] * len(tree))  # the target's top-2 at every node
+                goose.observe(f"r{n}", Verification(
+                    tree=tree, prefix_len=0, argmax=topk[:, 0], topk_ids=topk,
+                    topk_logits=torch.tensor([[1.0, 0.0]] * len(tree)), path=[], committed=[token],
+                    finished=False))
+            goose.stop_request(f"r{n}")
+    assert trees[True] == trees[False]
+    assert any(len(tokens) > 1 for tokens, *_ in trees[True])  # the pool drafted something
+
+
 def test_pool_spine_rejects_unknown_spines():
     with pytest.raises(ValueError, match="spine"):
         GooseConfig(spine="trie")
