@@ -167,8 +167,11 @@ class SAMDrafter(Drafter):
         commits (`observe`); only those whose match has a continuation to copy."""
         others = {rid: other for rid, other in self.requests.items()
                   if other is not state and other.tenant == state.tenant}
-        for rid in [rid for rid, c in state.live.items() if rid not in others or c.sam is not others[rid].local]:
-            del state.live[rid]  # that request ended (its text is in the pool now) or its id was reused
+        # Forget cursors into requests that ended (their text is in the pool now) or whose id
+        # now names another request.
+        gone = [rid for rid, c in state.live.items() if rid not in others or c.sam is not others[rid].local]
+        for rid in gone:
+            del state.live[rid]
         cursors = []
         for rid, other in others.items():
             cursor = state.live.get(rid)
