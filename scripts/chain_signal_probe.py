@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import pickle
 import sys
-from collections import Counter
 
 import torch
 
@@ -72,7 +71,9 @@ def collect(events: list, settings: list[str]) -> list[dict]:
     pending, chains = {}, []
     for event in events:
         if event[0] == "finish":
-            oil.finish(event[1]), sfx.finish(event[1]), pending.pop(event[1], None)
+            oil.finish(event[1])
+            sfx.finish(event[1])
+            pending.pop(event[1], None)
             continue
         _, batch, max_drafts, recorded = event
         for r in batch:
@@ -89,10 +90,8 @@ def collect(events: list, settings: list[str]) -> list[dict]:
             if not r.committed or not chain:
                 continue
             tree, state = oil.proposed[r.request_id], spine.state(r.request_id)
-            if state.store.version != state.pool_version:
-                spine._sync_pool_cursor(state)
+            best = spine._cursors(state)[0]  # the match the spine copied from
             local, pool = state.local_cursor, state.pool_cursor
-            best = max((local, pool), key=lambda c: c.length)  # as SAMDrafter.longest_match
             pending[r.request_id] = dict(
                 keys=[node_key(tree, n) for n in range(1, len(tree))],
                 suffix=agreement(chain, other, sfx.proposed[r.request_id].scores[1:]),

@@ -88,6 +88,20 @@ def step_request(rid, prompt, tenant, drafts, ver, k, max_tokens, stop_ids) -> S
                        max_output=max_tokens, stop_ids=stop_ids)
 
 
+def count_step(counts: dict, engine: EngineDrafter, rid: str, drafts: list[int], ver) -> None:
+    """Add one verified chain to the counters, attributed to the sources of its first node."""
+    counts["steps"] += 1
+    counts["drafts"] += bool(drafts)
+    counts["draft_tokens"] += len(drafts)
+    counts["accepted"] += len(ver.path)
+    if drafts:
+        key = "+".join(sorted(engine.proposed[rid].sources[1])) or "?"
+        by = counts["by_source"].setdefault(key, [0, 0, 0])
+        by[0] += 1
+        by[1] += len(drafts)
+        by[2] += len(ver.path)
+
+
 def serve(engine: EngineDrafter, verifier: TreeVerifier, rid: str, prompt: list[int], args,
           stop_ids: frozenset[int], counts: dict) -> list[int]:
     """One request through the adapter, as vLLM would serve it alone (max_num_seqs 1)."""
@@ -105,18 +119,8 @@ def serve(engine: EngineDrafter, verifier: TreeVerifier, rid: str, prompt: list[
         out.extend(kept)
         if len(out) >= args.max_tokens or ver.finished:
             break
-        counts["steps"] += 1
-        counts["drafts"] += bool(drafts)
-        counts["draft_tokens"] += len(drafts)
         ver = verifier.verify(state, DraftTree.chain(state.anchor, drafts, "engine"), -1)
-        counts["accepted"] += len(ver.path)
-        if drafts:  # attribution: the sources of the chain's first node
-            chain = engine.proposed[rid]
-            key = "+".join(sorted(chain.sources[1])) or "?"
-            by = counts["by_source"].setdefault(key, [0, 0, 0])
-            by[0] += 1
-            by[1] += len(drafts)
-            by[2] += len(ver.path)
+        count_step(counts, engine, rid, drafts, ver)
     for key, value in engine.drafter.request_stats(rid).items():  # e.g. Oilbird's retrieval time
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("theta", "bytes_per_record", "store_records"):
             counts["drafter"][key] = counts["drafter"].get(key, 0) + value
@@ -159,11 +163,8 @@ def serve_batched(engine: EngineDrafter, verifier: TreeVerifier, prompts: list[l
                 engine.finish(r.rid)
                 active.remove(r)
                 continue
-            counts["steps"] += 1
-            counts["drafts"] += bool(drafts)
-            counts["draft_tokens"] += len(drafts)
             r.drafts, r.ver = drafts, verifier.verify(r.state, DraftTree.chain(r.state.anchor, drafts, "engine"), -1)
-            counts["accepted"] += len(r.ver.path)
+            count_step(counts, engine, r.rid, drafts, r.ver)
     return outputs
 
 
