@@ -99,7 +99,7 @@ def test_rejected_pool_matches_the_anchor_token_and_the_watermark():
     _, slots = pool.search(basis(1), anchor=3, k=4, before_id=5)
     assert slots == [4 % 4] and pool.values[slots[0]] == [3]  # record id lives in slot id % capacity
     pool.add(torch.stack([basis(2)] * 6), list(range(10, 16)), [[t] for t in range(10, 16)])  # > capacity
-    assert pool.next_id == 11 and sorted(pool.ids.tolist()) == [7, 8, 9, 10]  # only the newest 4 kept
+    assert pool.next_id == 11 and sorted(pool.ids) == [7, 8, 9, 10]  # only the newest 4 kept
 
 
 def test_record_ids_survive_eviction():

@@ -2,8 +2,11 @@
 
 Contract (pure data structures; `oilbird.semantic_store` builds the tenant stores on them):
 - `normalize`: L2-normalized float32 rows; the store keys and queries by cosine.
-- `KeyMatrix`: rows appended in order, held as float16 or int8 with a per-row scale; `scores`
-  is one matmul over a row range on the keys' device; `drop_front` forgets the oldest rows.
+- `KeyMatrix`: rows appended in order, held as float16 or int8 with a per-row scale; `top` is the
+  cosine top-k over a row range, `scores` every score of a range; `drop_front` forgets the oldest rows.
+- `cosine_topk`: the top-k of a query over float16 key rows (a range, or listed rows): on a CPU
+  our kernel (csrc/key_search.cpp: the keys widened in registers, float32 sums, one pass, ties to
+  the lower row), else float32 scores and `torch.topk` on the CPU, a float16 matmul on a GPU.
 - `HNSWIndex`: a FAISS inner-product HNSW index over a KeyMatrix's first `n` rows, fed a bounded
   number of rows per `sync` (`ANN_ROWS_PER_SEARCH`), so building it never stalls one search.
 """
@@ -21,6 +24,59 @@ ANN_ROWS_PER_SEARCH = 64
 rows at once took 28.8 s; adding 64 rows to that index 226 ms, the cost a search pays until the
 index has caught up; an exact search over the 50,000 rows, which covers the rows not indexed yet,
 5.2 ms. HNSW therefore pays only in stores far past 50,000 records (`sem_faiss_min_records`)."""
+
+
+_FALLBACK_CHUNK = 8192
+"""Rows widened to float32 at once by the CPU fallback: a bounded temporary, whatever the store."""
+
+
+def _kernel():
+    """Our compiled kernels when they run here, else None (they build on the first call)."""
+    from oilbird.skinny_gemm import kernels, skinny_available  # not at import: a build is slow
+
+    return kernels() if skinny_available()[0] else None
+
+
+def cosine_topk(keys: torch.Tensor, query: torch.Tensor, k: int, start: int = 0, stop: int | None = None,
+                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best rows of float16 `keys` by dot product with the unit `query`.
+
+    Args:
+        keys: [n, d] float16 unit rows.
+        query: [d] unit vector (any float dtype).
+        k: most rows returned.
+        start, stop: the row range searched (stop None: to the end); ignored when `rows` is given.
+        rows: [m] int64 row indices to search instead of a range.
+
+    Returns:
+        (scores [k'] float32, positions [k']) descending, k' = min(k, rows searched); a position is
+        a row index for a range and an index into `rows` otherwise. On a CPU each score is the
+        float32 sum of the float16 key times the float32 query, and exact ties keep the lower
+        position first; on a GPU the scores come from a float16 matmul.
+    """
+    stop = keys.shape[0] if stop is None else stop
+    count = len(rows) if rows is not None else stop - start
+    if k <= 0 or count <= 0:
+        return torch.empty(0), torch.empty(0, dtype=torch.long)
+    if keys.device.type == "cpu":
+        kernel = _kernel()
+        if kernel is not None:
+            q = query.float()
+            if rows is not None:
+                return kernel.key_topk_rows(keys, q, rows, k)
+            return kernel.key_topk(keys, q, start, stop, k)
+        q = query.float()
+        if rows is not None:
+            scores = torch.cat([keys[rows[s:s + _FALLBACK_CHUNK]].float() @ q
+                                for s in range(0, count, _FALLBACK_CHUNK)])  # [m]
+        else:
+            scores = torch.cat([keys[s:min(stop, s + _FALLBACK_CHUNK)].float() @ q
+                                for s in range(start, stop, _FALLBACK_CHUNK)])  # [stop - start]
+    else:
+        picked = keys[rows] if rows is not None else keys[start:stop]  # [count, d]
+        scores = (picked @ query.to(keys.device, torch.float16)).float()  # [count]
+    top = scores.topk(min(k, count))
+    return top.values, top.indices + (start if rows is None else 0)
 
 
 def normalize(vectors: torch.Tensor) -> torch.Tensor:
@@ -89,6 +145,10 @@ class KeyMatrix:
         """Cosine similarity of the unit `query` [d] with rows [start, upto). Returns [upto - start] float32."""
         if upto <= start:
             return torch.empty(0)
+        if self.kind == "float16" and self.device.type == "cpu":  # float32 sums, as `cosine_topk`
+            q = query.float()
+            return torch.cat([self.keys[s:min(upto, s + _FALLBACK_CHUNK)].float() @ q
+                              for s in range(start, upto, _FALLBACK_CHUNK)])  # [upto - start]
         q = query.to(self.device, torch.float16)  # [d]
         if self.kind == "float16":
             return (self.keys[start:upto] @ q).float()  # [upto - start]
@@ -96,6 +156,18 @@ class KeyMatrix:
         parts = [(self.keys[s:min(upto, s + chunk)].half() @ q).float() * self.scales[s:min(upto, s + chunk)]
                  for s in range(start, upto, chunk)]
         return torch.cat(parts)
+
+    def top(self, query: torch.Tensor, k: int, start: int, stop: int) -> tuple[list[float], list[int]]:
+        """The k rows of [start, stop) most similar to the unit `query` [d]: (scores, row indices), best first."""
+        if self.kind == "float16":
+            values, indices = cosine_topk(self.keys, query, k, start, stop)
+        else:
+            scores = self.scores(query, stop, start=start)  # [stop - start]
+            if len(scores) == 0:
+                return [], []
+            top = scores.topk(min(k, len(scores)))
+            values, indices = top.values, top.indices + start
+        return values.tolist(), indices.tolist()
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) as float32 [m, d] (dequantized)."""

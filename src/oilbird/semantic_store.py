@@ -38,7 +38,7 @@ from typing import Hashable
 import torch
 
 from oilbird.errors import ConfigError
-from oilbird.semantic_keys import ANN_ROWS_PER_SEARCH, KEY_DTYPES, HNSWIndex, KeyMatrix, normalize
+from oilbird.semantic_keys import ANN_ROWS_PER_SEARCH, KEY_DTYPES, HNSWIndex, KeyMatrix, cosine_topk, normalize
 
 __all__ = ["ANN_ROWS_PER_SEARCH", "KEY_DTYPES", "KeyMatrix", "RejectedPool", "TraceStore", "normalize"]
 
@@ -184,9 +184,7 @@ class TraceStore:
                 self.ann = HNSWIndex(self.keys.dim)
             self.ann.sync(self.keys, ANN_ROWS_PER_SEARCH)
             return self._ann_search(query, k, visible)
-        scores = self.keys.scores(query, visible)  # [visible]
-        top = scores.topk(min(k, visible))
-        return top.values.tolist(), top.indices.tolist()
+        return self.keys.top(query, k, 0, visible)
 
     def _ann_search(self, query: torch.Tensor, k: int, visible: int) -> tuple[list[float], list[int]]:
         """HNSW over the indexed rows merged with exact search over the visible rows not indexed yet."""
@@ -197,9 +195,8 @@ class TraceStore:
             sims, ids = self.ann.search(query, k + hidden_after)
             found = [(s, i) for s, i in zip(sims.tolist(), ids.tolist()) if 0 <= i < visible][:k]
         if indexed < visible:
-            tail = self.keys.scores(query, visible, start=indexed)  # [visible - indexed]
-            top = tail.topk(min(k, visible - indexed))
-            found += [(s, indexed + i) for s, i in zip(top.values.tolist(), top.indices.tolist())]
+            sims, rows = self.keys.top(query, k, indexed, visible)
+            found += list(zip(sims, rows))
             found.sort(key=lambda pair: -pair[0])
         found = found[:k]
         return [s for s, _ in found], [i for _, i in found]
@@ -229,8 +226,11 @@ class RejectedPool:
     def __init__(self, capacity: int, dim: int, device: torch.device | str = "cpu") -> None:
         self.capacity = capacity
         self.keys = torch.zeros((capacity, dim), dtype=torch.float16, device=device)  # [cap, d]
-        self.tokens = torch.full((capacity,), -1, dtype=torch.long, device=device)  # [cap]
-        self.ids = torch.full((capacity,), self._UNWRITTEN, dtype=torch.long, device=device)  # [cap]
+        # Token and id per slot live in Python, with the slots of each token: a search looks up
+        # its anchor's few slots instead of comparing the whole ring (two tensor passes a cycle).
+        self.tokens: list[int] = [-1] * capacity
+        self.ids: list[int] = [self._UNWRITTEN] * capacity
+        self.slots_of: dict[int, set[int]] = {}
         self.values: list[list[int]] = [[] for _ in range(capacity)]
         self.next_id = 0  # records ever written: the id of the next one
 
@@ -259,10 +259,13 @@ class RejectedPool:
         slots = [i % self.capacity for i in ids]
         idx = torch.tensor(slots, device=self.keys.device)  # [m]
         self.keys[idx] = normalize(keys).to(self.keys.device, torch.float16)
-        self.tokens[idx] = torch.tensor(tokens, device=self.keys.device)
-        self.ids[idx] = torch.tensor(ids, device=self.keys.device)
-        for slot, value in zip(slots, values):
-            self.values[slot] = value
+        for slot, token, record_id, value in zip(slots, tokens, ids, values):
+            old = self.tokens[slot]
+            if old != -1:
+                self.slots_of[old].discard(slot)
+            token = int(token)
+            self.tokens[slot], self.ids[slot], self.values[slot] = token, record_id, value
+            self.slots_of.setdefault(token, set()).add(slot)
         self.next_id += m
 
     def search(self, query: torch.Tensor, anchor: int, k: int, before_id: int) -> tuple[list[float], list[int]]:
@@ -281,12 +284,12 @@ class RejectedPool:
             return [], []
         # Filter before scoring: few slots hold the anchor, and scoring the whole ring per cycle
         # was most of the drafter's retrieval time.
-        slots = ((self.tokens == anchor) & (self.ids < before_id)).nonzero().squeeze(1)  # [n_ok]
-        if len(slots) == 0:
+        slots = sorted(slot for slot in self.slots_of.get(anchor, ()) if self.ids[slot] < before_id)
+        if not slots:
             return [], []
-        scores = (self.keys[slots] @ query.to(self.keys.device, torch.float16)).float()  # [n_ok]
-        top = scores.topk(min(k, len(slots)))
-        return top.values.tolist(), slots[top.indices].tolist()
+        rows = torch.tensor(slots, device=self.keys.device)  # [n_ok]
+        sims, positions = cosine_topk(self.keys, query, k, rows=rows)  # positions into slots
+        return sims.tolist(), [slots[p] for p in positions.tolist()]
 
     def memory_bytes(self) -> int:
         """Keys, token and id per slot, plus the values' list objects."""

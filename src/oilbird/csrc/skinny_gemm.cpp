@@ -34,6 +34,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> certified_topk(
 bool bf16_dot_available();                                                        // bf16_dot_gemm.cpp
 torch::Tensor pack_pairs(const torch::Tensor& w);                                 // bf16_dot_gemm.cpp
 torch::Tensor linear_pairs(const torch::Tensor& x, const torch::Tensor& packed);  // bf16_dot_gemm.cpp
+std::tuple<torch::Tensor, torch::Tensor> key_topk(const torch::Tensor& keys, const torch::Tensor& query,
+                                                  int64_t start, int64_t stop, int64_t k);  // key_search.cpp
+std::tuple<torch::Tensor, torch::Tensor> key_topk_rows(const torch::Tensor& keys, const torch::Tensor& query,
+                                                       const torch::Tensor& rows, int64_t k);  // key_search.cpp
 
 // W [N, K] float32 or bfloat16 (N a multiple of 16) -> the packed layout [N/16, K, 16], same dtype.
 torch::Tensor pack(const torch::Tensor& w) {
@@ -73,5 +77,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "float32 top-k of each row from approximate logits and an error bound");
   m.def("bf16_dot_available", &bf16_dot_available, "whether the AVX512_BF16 GEMM was built");
   m.def("pack_pairs", &pack_pairs, "pack a [N, K] bfloat16 weight into [N/16, K/2, 32] input pairs");
+  m.def("key_topk", &key_topk, "cosine top-k of a query over float16 key rows [start, stop)");
+  m.def("key_topk_rows", &key_topk_rows, "cosine top-k of a query over listed float16 key rows");
   m.def("linear_pairs", &linear_pairs, "y = bf16(x) @ W^T on AVX512_BF16 dot products");
 }
