@@ -11,10 +11,11 @@ Contract (pure data structures, independent of any drafter):
   requests of a tenant run concurrently their adds interleave, and each request's records form
   several segments, so a value never crosses into another request: it is merely cut short where
   another request's records intervene. Cap: `max_records`; an `add` that passes it evicts the
-  oldest segments first (whole ones where a boundary allows), down to 90% of the cap. Exact cosine search
-  is one matmul on the keys' device; past a size threshold a FAISS HNSW index answers instead
-  (CPU only). The index is built a bounded number of rows per search (`ANN_ROWS_PER_SEARCH`),
-  never all at once inside one proposal; rows it does not hold yet are searched exactly and the
+  oldest segments first (whole ones where a boundary allows), down to 90% of the cap. Exact
+  cosine search is one pass over the keys (`semantic_keys.cosine_topk`: our kernel on a CPU, a
+  matmul on a GPU); past a size threshold a FAISS HNSW index answers instead (CPU only). The
+  index is built a bounded number of rows per search (`ANN_ROWS_PER_SEARCH`), never all at once
+  inside one proposal; rows it does not hold yet are searched exactly and the
   two answers merged, so a search is never worse than the exact one over the rows not indexed.
 - `RejectedPool`: one tenant's ring buffer of what verification rejected. Record: key = the state
   at a rejected node's parent, token = the rejected node's token, value = the continuation the
