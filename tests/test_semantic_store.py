@@ -165,3 +165,21 @@ def test_eviction_keeps_each_segments_owner():
         assert mine == {owner == "a"}
     store.add([999], keys[:1], owner=store.owners[-1])  # the newest owner continues its segment
     assert store.value(len(store) - 2, 5, len(store)) == [999]
+
+
+def test_rejected_pool_search_equals_a_scan_of_the_ring_after_many_overwrites():
+    gen = torch.Generator().manual_seed(4)
+    pool = RejectedPool(capacity=16, dim=8)
+    for _ in range(40):  # 40 adds of 1-5 records: the ring is overwritten many times over
+        m = int(torch.randint(1, 6, (1,), generator=gen))
+        tokens = torch.randint(0, 4, (m,), generator=gen).tolist()
+        pool.add(torch.randn(m, 8, generator=gen), tokens, [[t] for t in tokens])
+        query = normalize(torch.randn(1, 8, generator=gen))[0]
+        anchor = int(torch.randint(0, 4, (1,), generator=gen))
+        before = pool.next_id - int(torch.randint(0, 3, (1,), generator=gen))
+        held = [s for s in range(pool.size) if pool.tokens[s] == anchor and pool.ids[s] < before]
+        expected = sorted(held, key=lambda s: -float(pool.keys[s].float() @ query))[:3]
+        sims, slots = pool.search(query, anchor, k=3, before_id=before)
+        assert sorted(slots) == sorted(expected)
+        assert all(pool.tokens[s] == anchor for s in slots)
+    assert sum(len(v) for v in pool.slots_of.values()) == pool.size  # each slot indexed once
