@@ -81,6 +81,8 @@ import time
 import traceback
 from pathlib import Path
 
+from vllm_records import compare, cuda_device_name, fmt, report, resumable  # scripts/ is on sys.path
+
 DEFAULT_METHODS = "none,none-async,ngram,suffix,oilbird,oilbird-pld,sam,goose"
 WORKLOADS = {  # name -> (per_category, limit), as load_dataset("api-bank", ...) takes them
     "slice": (5, 20),  # make bench: --per-category 5 --limit 20
@@ -407,120 +409,6 @@ def run_child(method: str, source: str, reqs: list[dict], warm: list[int], args,
     return record
 
 
-def resumable(out_dir: Path | None, method: str, settings: dict) -> dict | None:
-    """`--resume`: the method's finished record from an earlier run with these settings, if any."""
-    path = out_dir / f"{method}.json" if out_dir is not None else None
-    if path is None or not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    old = record.get("settings")
-    if isinstance(old, dict) and "device" not in old:  # written before --device: a cpu run
-        old = dict(old, device="cpu")
-    return record if record.get("ok") and old == settings else None
-
-
-def compare(record: dict, base: dict | None) -> None:
-    """Fill `identical`/`differing`/`first_diff` against the `none` run."""
-    if not record.get("ok") or base is None or not base.get("ok"):
-        return
-    diffs = []
-    for mine, ref in zip(record["outputs"], base["outputs"]):
-        a, b = mine["output_ids"], ref["output_ids"]
-        if a != b:
-            pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            diffs.append(dict(id=mine["id"], position=pos))
-    record["identical"] = len(record["outputs"]) - len(diffs)
-    record["differing"] = diffs
-    record["first_diff"] = min((d["position"] for d in diffs), default=None)
-
-
-def fmt(value, spec: str) -> str:
-    return "—" if value is None else format(value, spec)
-
-
-def table(records: list[dict], base: dict | None) -> str:
-    head = ("| method | tokens/s | speedup | acceptance | mean acc. len | drafts | draft tok | "
-            "accepted | identical to none | first diff pos | prefill s | decode s | startup s | load 1m |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    base_tps = base.get("tokens_per_s") if base and base.get("ok") else None
-    for r in records:
-        if not r.get("ok"):
-            lines.append(f"| {r['method']} | FAILED: {r.get('error', '?')[:160]} |" + " |" * 12)
-            continue
-        speed = r["tokens_per_s"] / base_tps if base_tps else None
-        n = len(r["outputs"])
-        ident = f"{r['identical']}/{n}" if "identical" in r else "—"
-        lines.append(
-            f"| {r['method']} | {r['tokens_per_s']:.1f} | {fmt(speed, '.2f')}× | "
-            f"{fmt(r['acceptance'], '.3f')} | {fmt(r['mean_accepted_length'], '.2f')} | "
-            f"{r['num_drafts']} | {r['num_draft_tokens']} | {r['num_accepted_tokens']} | {ident} | "
-            f"{fmt(r.get('first_diff'), 'd')} | {fmt(r.get('prefill_s'), '.1f')} | "
-            f"{fmt(r.get('decode_s'), '.1f')} | {r['startup_s']:.0f} | "
-            f"{r['loadavg_1m'][0]:.1f}→{r['loadavg_1m'][1]:.1f} |")
-    return "\n".join(lines)
-
-
-def source_state() -> dict:
-    """Which oilbird code ran: the commit and a digest of the uncommitted changes under src/."""
-    import hashlib
-
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*cmd: str) -> str:
-        try:
-            return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True,
-                                  timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    diff = git("diff", "HEAD", "--", "src")
-    untracked = git("ls-files", "--others", "--exclude-standard", "--", "src").split()
-    digest = hashlib.sha256(diff.encode())
-    for name in sorted(untracked):
-        digest.update(name.encode() + (root / name).read_bytes())
-    return dict(commit=git("rev-parse", "HEAD").strip(), src_changes_sha256=digest.hexdigest()[:16],
-                src_files_changed=git("diff", "HEAD", "--name-only", "--", "src").split() + untracked)
-
-
-def cuda_device_name() -> str:
-    """torch.cuda.get_device_name() of the GPU vLLM will use, asked in a subprocess so that this
-    process does not initialise CUDA before vLLM starts its engine processes."""
-    code = ("import torch, sys\n"
-            "if not torch.cuda.is_available(): sys.exit('torch.cuda.is_available() is False')\n"
-            "print(torch.cuda.get_device_name())")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"--device cuda: no CUDA device: {(done.stderr or done.stdout).strip()[-500:]}")
-    lines = done.stdout.strip().splitlines()
-    return lines[-1] if lines else "unknown CUDA device"
-
-
-def environment(args, env: dict, isolation: str, device_name: str | None = None) -> dict:
-    import platform
-
-    import torch
-    import vllm
-
-    try:
-        import arctic_inference  # noqa: F401
-        arctic = "importable"
-    except ImportError as error:
-        arctic = f"not importable: {error}"
-    device = dict(device=args.device, dtype=args.dtype)
-    if args.device == "cuda":
-        device.update(device_name=device_name, cuda=torch.version.cuda,
-                      gpu_memory_utilization=args.gpu_memory_utilization)
-    return dict(python=platform.python_version(), vllm=vllm.__version__, torch=torch.__version__,
-                **device, source=source_state(),
-                cpus=os.cpu_count(), allowed_cpus=sorted(os.sched_getaffinity(0)),
-                processor=platform.processor() or platform.machine(), env=env,
-                arctic_inference=arctic, isolation=isolation,
-                time=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     env = setup_env(args)
@@ -588,32 +476,7 @@ def main(argv=None) -> int:
         if out_dir is not None:
             (out_dir / f"{method}.json").write_text(json.dumps(record, indent=1) + "\n")
     bar.close()
-    text = table(records, base)
-    envinfo = environment(args, env, isolation, device_name)
-    if args.device == "cpu":
-        where = (f"cpu, threads {args.threads} (bind {settings['bind']}"
-                 f"{', libiomp5 preloaded' if args.iomp else ''}, numba layer {args.numba_threading_layer})")
-    else:
-        where = (f"cuda {device_name} (gpu_memory_utilization {args.gpu_memory_utilization}, "
-                 f"numba layer {args.numba_threading_layer})")
-    title = (f"vLLM {envinfo['vllm']} in-engine, API-Bank {args.workload} ({len(reqs)} requests), "
-             f"max_num_seqs {args.max_num_seqs}, max_tokens {args.max_tokens}, K={args.num_spec}, "
-             f"{where}, {args.dtype}, greedy; {isolation}")
-    notes = [f"- {r['method']}: {r.get('error')}" for r in records if not r.get("ok")]
-    resumed = [r["method"] for r in records if r.get("resumed")]
-    if resumed:
-        notes.append(f"- measured by an earlier, interrupted run with the same settings (--resume): "
-                     f"{', '.join(resumed)}")
-    if "suffix" in args.method_list and envinfo["arctic_inference"] != "importable":
-        notes.append(f"- suffix: arctic-inference {envinfo['arctic_inference']}")
-    markdown = f"{title}\n\n{text}\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
-    print("\n" + markdown, flush=True)
-    if out_dir is not None:
-        (out_dir / "table.md").write_text(markdown)
-        summary = dict(settings=settings, environment=envinfo, table=markdown,
-                       rows=[{k: v for k, v in r.items() if k not in ("outputs", "settings")}
-                             for r in records])
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    report(args, env, isolation, device_name, settings, records, base, out_dir)
     return 0
 
 

@@ -24,6 +24,7 @@ Usage:
   VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python scripts/vllm_interleave.py --workload stream \\
       --max-num-seqs 1 --threads 1 --methods none,suffix,oilbird --chunk 10 --out /tmp/il-seqs1
   .venv-vllm/bin/python scripts/vllm_interleave.py --limit 4 --chunk 2 --methods none,sam  # smoke
+  python scripts/vllm_interleave.py --combine /tmp/il-a /tmp/il-b   # earlier runs' chunks pooled
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import traceback
 from pathlib import Path
 
 import vllm_bench as vb
+import vllm_records
 
 POLL_S = 0.05  # how often the parent looks for a child's result file
 
@@ -53,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--reference", default=None,
                    help="the method the others are compared with chunk by chunk "
                         "(default: suffix if it runs, else none)")
+    p.add_argument("--combine", nargs="+", default=None, metavar="DIR",
+                   help="run nothing: pool the chunks of earlier runs (their --out directories, same "
+                        "workload and settings) and print the chunk-by-chunk comparison over all of them")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # child: its method
     p.add_argument("--io", default=None, help=argparse.SUPPRESS)  # child: its exchange directory
     ours, rest = p.parse_known_args(argv)
@@ -189,6 +194,38 @@ def paired_table(records: list[dict], reference: str) -> str:
     return "\n".join(lines)
 
 
+def combined_table(dirs: list[str], reference: str) -> str:
+    """`--combine`: every method's chunks from the runs written to `dirs`, compared with `reference`.
+
+    Raises:
+        SystemExit: a directory without a readable summary.json, runs with other settings, or a
+            reference that is not in every run.
+    """
+    summaries = []
+    for d in dirs:
+        path = Path(d) / "summary.json"
+        try:
+            summaries.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"vllm_interleave --combine: cannot read {path} ({error}); "
+                             f"give the --out directories of earlier runs") from None
+    same = ("workload", "requests", "max_num_seqs", "max_tokens", "num_spec", "threads", "dtype", "device")
+    first = summaries[0]["settings"]
+    for d, summary in zip(dirs[1:], summaries[1:]):
+        differ = [k for k in same if summary["settings"].get(k) != first.get(k)]
+        if differ:
+            raise SystemExit(f"vllm_interleave --combine: {d} differs from {dirs[0]} in {', '.join(differ)}")
+    methods = [r["method"] for r in summaries[0]["rows"]
+               if all(any(x["method"] == r["method"] for x in s["rows"]) for s in summaries[1:])]
+    if reference not in methods:
+        raise SystemExit(f"vllm_interleave --combine: --reference {reference} is not in every run "
+                         f"(common methods: {', '.join(methods)})")
+    records = [dict(method=m, chunks=[c for s in summaries for r in s["rows"] if r["method"] == m
+                                      for c in r["chunks"]]) for m in methods]
+    return (f"{len(dirs)} runs pooled, API-Bank {first['workload']}, max_num_seqs {first['max_num_seqs']}: "
+            f"{', '.join(dirs)}\n\n{paired_table(records, reference)}")
+
+
 def serve_chunks(engines: dict, n: int, size: int) -> dict:
     """Run every chunk on every engine, the order rotated by one per chunk."""
     from tqdm import tqdm
@@ -210,6 +247,9 @@ def serve_chunks(engines: dict, n: int, size: int) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, args = parse_args(argv)
+    if ours.combine:
+        print(combined_table(ours.combine, ours.reference))
+        return 0
     env = vb.setup_env(args)
     if ours.worker:
         return child(ours.worker, Path(ours.io), args)
@@ -239,7 +279,7 @@ def main(argv=None) -> int:
                for m in args.method_list]
     base = records[0]
     for r in records:
-        vb.compare(r, base)
+        vllm_records.compare(r, base)
     report(records, base, ours, args, env, out_dir, len(reqs))
     return 0
 
@@ -248,13 +288,13 @@ def report(records, base, ours, args, env, out_dir, n) -> None:
     """Print both tables; under --out write each method's record, table.md and summary.json."""
     isolation = (f"each method a vLLM engine in a process of its own, all alive; chunks of "
                  f"{ours.chunk} requests served by each in turn, the order rotated per chunk")
-    envinfo = vb.environment(args, env, isolation)
+    envinfo = vllm_records.environment(args, env, isolation)
     title = (f"vLLM {envinfo['vllm']} in-engine, API-Bank {args.workload} ({n} requests), "
              f"max_num_seqs {args.max_num_seqs}, max_tokens {args.max_tokens}, K={args.num_spec}, "
              f"{args.device}, threads {args.threads} (bind {env.get('VLLM_CPU_OMP_THREADS_BIND')}), "
              f"{args.dtype}, greedy; {isolation}")
     pairs = paired_table(records, ours.reference)
-    markdown = f"{title}\n\n{vb.table(records, base)}\n\n{pairs}\n"
+    markdown = f"{title}\n\n{vllm_records.table(records, base)}\n\n{pairs}\n"
     print("\n" + markdown, flush=True)
     if out_dir is None:
         return

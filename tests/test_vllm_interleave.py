@@ -113,3 +113,34 @@ def test_tagged_settings_reach_only_their_method():
     bad = vllm_bench.parse_args(["--methods", "oilbird", "--set", "no_such_field=1"])
     with pytest.raises(ConfigError, match="no config field 'no_such_field'"):
         vllm_bench.oilbird_options("oilbird", bad)
+
+
+def write_run(directory: Path, chunks_by_method: dict, **settings) -> str:
+    import json
+
+    base = dict(workload="stream", requests=4, max_num_seqs=8, max_tokens=64, num_spec=8, threads=1,
+                dtype="float32", device="cpu")
+    rows = [{k: v for k, v in record(m, cs).items() if k != "outputs"} for m, cs in chunks_by_method.items()]
+    directory.mkdir()
+    (directory / "summary.json").write_text(json.dumps(dict(settings=dict(base, **settings), rows=rows)))
+    return str(directory)
+
+
+def test_combine_pools_every_run_s_chunks(tmp_path, capsys):
+    a = write_run(tmp_path / "a", {"suffix": [chunk(10, 1.0), chunk(10, 1.0)], "oilbird": [chunk(11, 1.0), chunk(11, 1.0)]})
+    b = write_run(tmp_path / "b", {"suffix": [chunk(10, 1.0)], "oilbird": [chunk(9, 1.0)], "sam": [chunk(1, 1.0)]})
+    assert il.main(["--combine", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "| oilbird | 1.033× |" in out  # (11 + 11 + 9) / (10 + 10 + 10) tokens in equal seconds
+    assert "2/3 |" in out and "sam" not in out  # chunks ahead out of all three; sam is not in run a
+
+
+def test_combine_refuses_runs_with_other_settings_or_no_summary(tmp_path):
+    a = write_run(tmp_path / "a", {"suffix": [chunk(10, 1.0)], "oilbird": [chunk(11, 1.0)]})
+    b = write_run(tmp_path / "b", {"suffix": [chunk(10, 1.0)], "oilbird": [chunk(11, 1.0)]}, max_num_seqs=1)
+    with pytest.raises(SystemExit, match="max_num_seqs"):
+        il.main(["--combine", a, b])
+    with pytest.raises(SystemExit, match="cannot read"):
+        il.main(["--combine", a, str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="not in every run"):
+        il.main(["--combine", a, "--reference", "sam"])
