@@ -1,8 +1,9 @@
 """Exact cosine search vs the FAISS HNSW index: time per query by store size, on this machine.
 
 Measures what `SemanticConfig.sem_faiss_min_records` should be: the store size past which the
-HNSW index answers a query faster than one float16 matmul + top-k over every key. Also reports
-the HNSW cost of adding a record (paid once per committed token) and its top-8 recall.
+HNSW index answers a query faster than the exact search over every key (on a CPU one pass of
+our kernel, `oilbird.semantic_keys.cosine_topk`; before stop 39 a float16 matmul + top-k). Also
+reports the HNSW cost of adding a record (paid once per committed token) and its top-8 recall.
 
 Usage: python scripts/retrieval_crossover.py [--dim 576] [--threads 1] [--out FILE.json]
 """
