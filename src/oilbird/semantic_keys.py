@@ -37,6 +37,12 @@ def _kernel():
     return kernels() if skinny_available()[0] else None
 
 
+def _float32_scores(keys: torch.Tensor, query: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Scores of float16 rows [start, stop) as float32 sums, widened a chunk at a time. Returns [stop - start]."""
+    return torch.cat([keys[s:min(stop, s + _FALLBACK_CHUNK)].float() @ query
+                      for s in range(start, stop, _FALLBACK_CHUNK)])
+
+
 def cosine_topk(keys: torch.Tensor, query: torch.Tensor, k: int, start: int = 0, stop: int | None = None,
                 rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The k best rows of float16 `keys` by dot product with the unit `query`.
@@ -59,19 +65,13 @@ def cosine_topk(keys: torch.Tensor, query: torch.Tensor, k: int, start: int = 0,
     if k <= 0 or count <= 0:
         return torch.empty(0), torch.empty(0, dtype=torch.long)
     if keys.device.type == "cpu":
-        kernel = _kernel()
+        kernel, q = _kernel(), query.float()
         if kernel is not None:
-            q = query.float()
             if rows is not None:
                 return kernel.key_topk_rows(keys, q, rows, k)
             return kernel.key_topk(keys, q, start, stop, k)
-        q = query.float()
-        if rows is not None:
-            scores = torch.cat([keys[rows[s:s + _FALLBACK_CHUNK]].float() @ q
-                                for s in range(0, count, _FALLBACK_CHUNK)])  # [m]
-        else:
-            scores = torch.cat([keys[s:min(stop, s + _FALLBACK_CHUNK)].float() @ q
-                                for s in range(start, stop, _FALLBACK_CHUNK)])  # [stop - start]
+        # [count]: listed rows are few (the rejected pool's matches for one token), a range may be the store
+        scores = keys[rows].float() @ q if rows is not None else _float32_scores(keys, q, start, stop)
     else:
         picked = keys[rows] if rows is not None else keys[start:stop]  # [count, d]
         scores = (picked @ query.to(keys.device, torch.float16)).float()  # [count]
@@ -146,9 +146,7 @@ class KeyMatrix:
         if upto <= start:
             return torch.empty(0)
         if self.kind == "float16" and self.device.type == "cpu":  # float32 sums, as `cosine_topk`
-            q = query.float()
-            return torch.cat([self.keys[s:min(upto, s + _FALLBACK_CHUNK)].float() @ q
-                              for s in range(start, upto, _FALLBACK_CHUNK)])  # [upto - start]
+            return _float32_scores(self.keys, query.float(), start, upto)  # [upto - start]
         q = query.to(self.device, torch.float16)  # [d]
         if self.kind == "float16":
             return (self.keys[start:upto] @ q).float()  # [upto - start]
