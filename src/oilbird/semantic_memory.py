@@ -52,7 +52,7 @@ class SemanticConfig:
     sem_index: str = "auto"
     """Nearest-neighbor search: 'exact' (one pass over the keys on the model's device: our kernel on a CPU, a matmul on a GPU), 'faiss' (HNSW, CPU) or 'auto' (FAISS on a CPU once the store holds sem_faiss_min_records)."""
     sem_faiss_min_records: int = 250_000
-    """The exact/FAISS crossover for 'auto': HNSW upkeep (1-4 ms per added record at width 576 on a 2-core AVX2 CPU, scripts/hnsw_build_cost.py) beats exact search (5-10 ms at 50k records before stop 39's kernel, which reads the keys about twice as fast) only in stores of a few hundred thousand (docs/RESULTS.md)."""
+    """The exact/FAISS crossover for 'auto': HNSW upkeep (1-4 ms per added record at width 576 on a 2-core AVX2 CPU, scripts/hnsw_build_cost.py) beats exact search (5-10 ms at 50k records with the float16 matmul before stop 39; less on our kernel since) only in stores of a few hundred thousand (docs/RESULTS.md)."""
     sem_rejected_pool: bool = True
     """Keep and search the rejected-branch pool."""
     sem_rejected_capacity: int = 4096
