@@ -81,7 +81,7 @@ import time
 import traceback
 from pathlib import Path
 
-from vllm_records import compare, cuda_device_name, fmt, report, resumable  # scripts/ is on sys.path
+from vllm_records import compare, cuda_device_name, fmt, report, resumable, source_state  # scripts/ is on sys.path
 
 DEFAULT_METHODS = "none,none-async,ngram,suffix,oilbird,oilbird-pld,sam,goose"
 WORKLOADS = {  # name -> (per_category, limit), as load_dataset("api-bank", ...) takes them
@@ -422,6 +422,7 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
+    source_state()  # the code as the run starts (cached for the report)
     device_name = cuda_device_name() if args.device == "cuda" else None
     source, reqs, warm = load_workload(args)
     out_dir = Path(args.out) if args.out else None

@@ -253,6 +253,7 @@ def main(argv=None) -> int:
     env = vb.setup_env(args)
     if ours.worker:
         return child(ours.worker, Path(ours.io), args)
+    vllm_records.source_state()  # the code as the run starts (cached for the report)
     import tempfile
 
     source, reqs, warm = vb.load_workload(args)

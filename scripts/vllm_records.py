@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -72,8 +73,12 @@ def table(records: list[dict], base: dict | None) -> str:
     return "\n".join(lines)
 
 
+@lru_cache(maxsize=1)
 def source_state() -> dict:
-    """Which oilbird code ran: the commit and a digest of the uncommitted changes under src/."""
+    """Which oilbird code ran: the commit and a digest of the uncommitted changes under src/.
+
+    Read once per process: the scripts call it as a run starts, so a commit made while the run
+    goes on (a long one) is not recorded as the code that ran."""
     import hashlib
 
     root = Path(__file__).resolve().parents[1]
