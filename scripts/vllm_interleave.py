@@ -198,8 +198,8 @@ def combined_table(dirs: list[str], reference: str) -> str:
     """`--combine`: every method's chunks from the runs written to `dirs`, compared with `reference`.
 
     Raises:
-        SystemExit: a directory without a readable summary.json, runs with other settings, or a
-            reference that is not in every run.
+        SystemExit: a directory without a readable summary.json of an interleaved run, runs with
+            other settings, or a reference that is not in every run.
     """
     summaries = []
     for d in dirs:
@@ -209,6 +209,10 @@ def combined_table(dirs: list[str], reference: str) -> str:
         except (OSError, ValueError) as error:
             raise SystemExit(f"vllm_interleave --combine: cannot read {path} ({error}); "
                              f"give the --out directories of earlier runs") from None
+        rows = summaries[-1].get("rows") if isinstance(summaries[-1], dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "chunks" in r for r in rows):
+            raise SystemExit(f"vllm_interleave --combine: {path} holds no chunks: give the --out "
+                             f"directories of earlier vllm_interleave.py runs (not vllm_bench.py's)")
     same = ("workload", "requests", "max_num_seqs", "max_tokens", "num_spec", "threads", "dtype", "device")
     first = summaries[0]["settings"]
     for d, summary in zip(dirs[1:], summaries[1:]):

@@ -144,3 +144,8 @@ def test_combine_refuses_runs_with_other_settings_or_no_summary(tmp_path):
         il.main(["--combine", a, str(tmp_path / "missing")])
     with pytest.raises(SystemExit, match="not in every run"):
         il.main(["--combine", a, "--reference", "sam"])
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "summary.json").write_text('{"settings": {}, "rows": [{"method": "suffix"}]}')  # vllm_bench.py's
+    with pytest.raises(SystemExit, match="holds no chunks"):
+        il.main(["--combine", a, str(bench)])
