@@ -40,8 +40,8 @@ def test_a_divergent_strict_method_reads_failed_and_the_table_says_so(tmp_path):
                _record("pld+fly", "r0", None, lossy=True, differs=dict(tokens=2, first=3, against="hf-greedy"), **SPLIT)]
     (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     table = report(tmp_path)
-    assert "| sam | 1 | 10 | 5 | 2.00 | 10.0 | 1.00x | 1.00x | FAILED 0/1 |" in table
-    assert "| ar | 1 | 10 | 5 | 2.00 | 10.0 | 1.00x | 1.00x | 1/1 |" in table
+    assert "| sam | 1 | 10 | 5 | 2.00 | 10.0 | 1.00x | – | 1.00x | FAILED 0/1 |" in table
+    assert "| ar | 1 | 10 | 5 | 2.00 | 10.0 | 1.00x | – | 1.00x | 1/1 |" in table
     assert "LOSSY: 1/1 differ" in table  # FLy's lossy outputs are not an audit failure
     failures = [line for line in table.splitlines() if line.startswith("AUDIT FAILED")]
     assert failures == ["AUDIT FAILED: sam: 1 of 1 requests differ from greedy decoding (first: r0, token 7, "
@@ -55,12 +55,12 @@ def test_drafter_time_includes_observe_and_bookkeeping_is_the_verifiers(tmp_path
     (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     table = report(tmp_path)
     # drafter = (propose 0.1 + observe 0.1) / cycle 1.0; bookkeeping = 0.2 / 1.0
-    assert "| pld | 1 | 10 | 5 | 2.00 | 10.0 | 1.00x | 1.00x | 1/1 | 20.0% | 20.0% |" in table
+    assert "| pld | 1 | 10 | 5 | 2.00 | 10.0 | 1.00x | – | 1.00x | 1/1 | 20.0% | 20.0% |" in table
     assert "drafter % = the drafter's propose and observe" in table
     # Records written before observe was timed apart cannot be split: dashes, not wrong numbers.
     old = [_record("ar", "r0", dict(lossless=True), draft_s=0.1, forward_s=0.6, bookkeeping_s=0.3)]
     (tmp_path / "records.jsonl").write_text(json.dumps(old[0]) + "\n")
-    assert "| ar | 1 | 10 | 5 | 2.00 | 10.0 | 1.00x | 1.00x | 1/1 | – | – |" in report(tmp_path)
+    assert "| ar | 1 | 10 | 5 | 2.00 | 10.0 | 1.00x | – | 1.00x | 1/1 | – | – |" in report(tmp_path)
 
 
 def test_a_damaged_records_file_is_a_clear_error(tmp_path):

@@ -4,7 +4,11 @@ Contract:
 - Input: the records of `oilbird bench` (one per request and method, see `bench.py`), in serving
   order. Output: rows (dicts) in the order of the methods given, each pooled over its records:
   τ = Σ committed / Σ verification forwards; tokens/s = Σ tokens / Σ wall seconds; speedup =
-  tokens/s ÷ the same run's `ar` tokens/s (decode speedup: the same with the prefill left out).
+  tokens/s ÷ the same run's `ar` tokens/s (decode speedup: the same with the prefill left out),
+  with `speedup_interval`, its 90% paired bootstrap interval over the requests
+  (oilbird/intervals.py). The last row that is neither the reference nor `ar` (the method under
+  test: the last in `--methods`) also carries `ratios`: its tokens/s over each other method's,
+  with the same kind of interval.
 - Time shares are of the decode cycle (propose + forward + observe + verifier bookkeeping):
   `drafter_share` = the drafter's own time (`propose`, and `observe`, where it harvests into its
   pools and stores), `bookkeeping_share` = the verifier's mask, walk and cache compaction plus
@@ -19,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+from oilbird.intervals import per_request, ratio_interval
 from oilbird.sampling import Z_FAIL, check_z
 
 REFERENCE = "hf-greedy"
@@ -159,11 +164,27 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
     """
     rows = [_row(method, [r for r in records if r["method"] == method]) for method in methods]
     base = next((r for r in rows if r["method"] == "ar"), None)
+    times = {method: per_request(records, method) for method in methods}
     for row in rows:
         _against_ar(row, base)
+        row["speedup_interval"] = (ratio_interval(times[row["method"]], times["ar"])
+                                   if base is not None and row is not base else None)
+    _headline_ratios(rows, times)
     for row in rows:  # per-request grades were only needed for the pairing: keep summaries small
         del row["graded_ids"], row["cycle_s"]
     return rows
+
+
+def _headline_ratios(rows: list[dict], times: dict[str, dict]) -> None:
+    """Give the method under test (the last row that is neither the reference nor `ar`) its
+    tokens/s over every other such row's, each with its paired interval."""
+    tested = [r for r in rows if r["method"] not in (REFERENCE, "ar")]
+    if len(tested) < 2:
+        return
+    head = tested[-1]
+    head["ratios"] = [dict(method=other["method"], ratio=_ratio(head["tokens_per_s"], other["tokens_per_s"]),
+                           interval=ratio_interval(times[head["method"]], times[other["method"]]))
+                      for other in tested[:-1]]
 
 
 def audit_failures(rows: list[dict]) -> list[dict]:

@@ -62,17 +62,32 @@ def audit_failure_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _interval(x) -> str:
+    return "–" if not x else f"{x[0]:.2f}–{x[1]:.2f}"
+
+
 def _main_table(rows: list[dict]) -> list[str]:
-    lines = ["| method | requests | tokens | forwards | τ | tokens/s | speedup vs ar | decode speedup | lossless "
-             "| drafter % | bookkeeping % | prefill % | prompt cached % |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| method | requests | tokens | forwards | τ | tokens/s | speedup vs ar | 90% interval | decode speedup "
+             "| lossless | drafter % | bookkeeping % | prefill % | prompt cached % |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['method']} | {r['requests']} | {r['new_tokens']} | {r['forwards']} | "
                      f"{r['tau']:.2f} | {r['tokens_per_s']:.1f} | {_times(r['speedup'])} | "
+                     f"{_interval(r.get('speedup_interval'))} | "
                      f"{_times(r['decode_speedup'])} | {audit_cell(r)} | "
                      f"{_pct(r['drafter_share'])} | {_pct(r['bookkeeping_share'])} | "
                      f"{_pct(r.get('prefill_share'))} | {_pct(r.get('prompt_cached'))} |")
     return lines
+
+
+def _ratio_lines(rows: list[dict]) -> list[str]:
+    head = next((r for r in reversed(rows) if r.get("ratios")), None)
+    if head is None:
+        return []
+    parts = [f"{head['method']} / {x['method']} {x['ratio']:.2f} ({_interval(x['interval'])})"
+             for x in head["ratios"] if x["ratio"] is not None]
+    return ["", "The method under test against each other method, tokens/s over tokens/s (90% interval, "
+                "requests resampled in pairs): " + "; ".join(parts)]
 
 
 def _accuracy_lines(rows: list[dict]) -> list[str]:
@@ -126,7 +141,9 @@ def footnote(config) -> str:
     """What the columns mean, for a run of `config` (a BenchConfig)."""
     return (f"{config.dataset}, {config.max_new_tokens} new tokens max, node budget {config.budget}. "
             "τ = Σ committed / Σ verification forwards (prefill not counted: it commits no token). "
-            "tokens/s pooled over requests, prefill included; decode speedup leaves the prefill out "
+            "tokens/s pooled over requests, prefill included; 90% interval = the speedup's paired "
+            "bootstrap interval over the run's requests (which requests were served, not the host's "
+            "drift between runs); decode speedup leaves the prefill out "
             "(our loop only). drafter % = the drafter's propose and observe (drafting, and harvesting "
             "into its pools and stores); bookkeeping % = the verifier's mask, greedy walk and KV "
             "compaction, plus the loop's accounting; both are shares of the decode cycle (propose + "
@@ -153,7 +170,7 @@ def _sampling_note(config) -> str:
 
 def format_table(rows: list[dict], config) -> str:
     """A Markdown table of a run's summary rows (see the module docstring)."""
-    lines = _main_table(rows) + _accuracy_lines(rows) + _source_lines(rows) + _semantic_lines(rows)
+    lines = _main_table(rows) + _ratio_lines(rows) + _accuracy_lines(rows) + _source_lines(rows) + _semantic_lines(rows)
     failures = audit_failure_lines(rows)
     lines += ["", footnote(config)] + ([""] + failures if failures else [])
     return "\n".join(lines)
