@@ -36,7 +36,7 @@ def test_table_shows_tau_and_same_run_speedup_per_dataset(tmp_path):
     _write_run(tmp_path / "b", "humaneval", "smol", {"ar": (10, 10, 2.0), "goose@60": (10, 5, 2.5)})
     runs = [load_run(tmp_path / "a"), load_run(tmp_path / "b")]
     table = comparison_table(runs)
-    assert "| goose@60 | 2.50 | 2.00x (2.00x) | 2.00 | 0.80x (0.80x) | 4/4 |" in table
+    assert "| goose@60 | 2.50 | 2.00x [2.00–2.00] (2.00x) | 2.00 | 0.80x [0.80–0.80] (0.80x) | 4/4 |" in table
     assert "| ar | 1.00 | 1.00x (1.00x) | 1.00 | 1.00x (1.00x) | 4/4 |" in table
     assert table.splitlines()[0] == "**smol**" and "1.0 |" in table  # pool memory, MiB
     assert "goose@60: pld" in source_shares(runs)
@@ -105,4 +105,4 @@ def test_fly_rows_read_lossy_in_the_comparison_table(tmp_path):
                             audit=None, lossy=True, forgiven_positions=[2], differs=dict(tokens=1, first=2)))
     (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     table = comparison_table([load_run(run)])
-    assert "| draft+fly | 3.33 | 2.00x | LOSSY (FLy) |" in table and "| ar | 1.00 | 1.00x | 2/2 |" in table
+    assert "| draft+fly | 3.33 | 2.00x [2.00–2.00] | LOSSY (FLy) |" in table and "| ar | 1.00 | 1.00x | 2/2 |" in table

@@ -6,7 +6,9 @@ Contract:
   pool memory is known only from a finished run's summary.
 - `comparison_table` groups runs by model: one Markdown table per model, a row per method
   (as labeled in the runs, e.g. 'goose@60', 'goose@auto'), and per dataset τ and the speedup
-  against the `ar` of that same run (in brackets: the decode phase alone, prefill left out).
+  against the `ar` of that same run, with its 90% paired interval over the run's requests in
+  square brackets (oilbird/intervals.py) and, in parentheses, the decode phase's alone (prefill
+  left out).
   Speedups are never compared across runs. A strict method with a divergent output reads
   `FAILED n/m`, with an `AUDIT FAILED` line under the table.
 - `plot_comparison` draws the same numbers as grouped bars (τ and speedup, per model), PNG.
@@ -95,7 +97,7 @@ def comparison_table(runs: list[Run]) -> str:
     parts = []
     for model in dict.fromkeys(run.model for run in runs):
         mine = [run for run in runs if run.model == model]
-        head = "| method | " + " | ".join(f"{r.dataset} ({r.requests}) τ | speedup (decode)" for r in mine)
+        head = "| method | " + " | ".join(f"{r.dataset} ({r.requests}) τ | speedup [90%] (decode)" for r in mine)
         head += " | lossless | drafter + bookkeeping % (max) | pool memory MiB (max) |"
         lines = [f"**{model}**", "", head,
                  "| --- |" + " ---: | ---: |" * len(mine) + " ---: | ---: | ---: |"]
@@ -107,6 +109,8 @@ def comparison_table(runs: list[Run]) -> str:
                     cells += ["–", "–"]
                     continue
                 speed = "–" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+                if row.get("speedup_interval"):
+                    speed += " [{:.2f}–{:.2f}]".format(*row["speedup_interval"])
                 if row.get("decode_speedup") is not None:
                     speed += f" ({row['decode_speedup']:.2f}x)"
                 cells += [f"{row['tau']:.2f}", speed]
@@ -207,6 +211,8 @@ def semantic_report(runs: list[Run]) -> str:
         for method, row in run.rows.items():
             if full and method.startswith("oilbird[") and method != "oilbird[sem_entry_budget=0]":
                 speed = "–" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+                if row.get("speedup_interval"):
+                    speed += " [{:.2f}–{:.2f}]".format(*row["speedup_interval"])
                 ablations.append(f"| {run.model} | {run.dataset} | {method} | {row['tau']:.2f} | "
                                  f"{_gain(full, row)} | {speed} | {row['lossless']}/{row['audited']} |")
     costs = ["", "| model | dataset | method | semantic sole share | fired | paid nodes accepted | "
