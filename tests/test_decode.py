@@ -95,3 +95,6 @@ def test_the_drafters_observe_is_drafter_time_not_bookkeeping(smol, api_bank_pro
     assert result.observe_s >= 0.02 * result.forwards
     assert result.drafter_s == result.propose_s + result.observe_s
     assert result.bookkeeping_s < 0.02 * result.forwards  # mask, walk, compaction and accounting only
+    # Every forward's own seconds are kept beside its node count (scripts/in_run_curve.py).
+    assert len(result.forward_s_per_forward) == len(result.nodes_per_forward) == result.forwards
+    assert abs(sum(result.forward_s_per_forward) - result.forward_s) < 1e-9

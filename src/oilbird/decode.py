@@ -80,6 +80,8 @@ class RequestResult:
     """The drafter's `propose` calls."""
     forward_s: float = 0.0
     """The verification forwards (with their argmax and top-k)."""
+    forward_s_per_forward: list[float] = field(default_factory=list)
+    """Each verification forward's seconds, in order (with `nodes_per_forward`: the cost curve decoding paid)."""
     observe_s: float = 0.0
     """The drafter's `observe` calls: harvesting what was committed and computed."""
     bookkeeping_s: float = 0.0
@@ -173,6 +175,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             result.propose_s += time.perf_counter() - t
             ver = verifier.verify(state, tree, drafter.hidden_layer, sampler)
             result.forward_s += ver.forward_s
+            result.forward_s_per_forward.append(ver.forward_s)
             t = time.perf_counter()
             accepted = ver.path  # what the verifier accepted, also past the request's last token
             committed = ver.committed[: config.max_new_tokens - len(out)]
@@ -189,7 +192,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             if budget_policy is not None:
                 # The policy learns what verification accepted: a tail cut by max_new_tokens
                 # was accepted, and counting it as rejected would teach it that deep nodes fail.
-                budget_policy.verified(budget, tree, accepted, context)
+                budget_policy.verified(budget, tree, accepted, context, seconds=ver.forward_s + ver.bookkeeping_s)
                 context = tree_outcome(tree, accepted)
             t_observe = time.perf_counter()
             drafter.observe(request_id, ver)
