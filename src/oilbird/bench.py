@@ -39,7 +39,6 @@ from tqdm import tqdm
 from oilbird.accuracy import Grader, gradable
 from oilbird.audit import compare, differences, greedy_reference, hf_prompt_lookup
 from oilbird.budget import AdaptiveBudget, BudgetConfig
-from oilbird.paid_curve import LiveCurve
 from oilbird.cost_curve import CostCurve, load_or_measure
 from oilbird.prefix_cache import PrefixCache, PrefixCacheConfig
 from oilbird.tree_select import FittedTree
@@ -55,7 +54,7 @@ from oilbird.verifier import TreeVerifier, VerifierConfig
 
 AUTO_MAX_BUDGET = 128
 FIT_PROPOSAL_BUDGET = 64
-MEASURED_BUDGETS = ("auto", "fit", "fit-live")  # budgets that read this device's cost curve
+MEASURED_BUDGETS = ("auto", "fit")  # budgets that read this device's cost curve
 
 
 @dataclass
@@ -65,7 +64,7 @@ class BenchConfig(Workload):
     methods: str = "ar,pld"
     """Comma-separated methods to run; 'ar' is always added as the speed baseline. 'hf-pld' runs transformers' own prompt lookup."""
     budget: str = "64"
-    """Tree nodes per verification forward, root included: a number (fixed, e.g. 60 for paper-faithful comparisons), 'auto' (chosen per forward from this device's measured cost curve and the observed acceptance, up to 128), 'fit' (of each proposal of up to 64 nodes, the subtree whose estimated reach best pays for its forward on that curve; oilbird/tree_select.py), 'fit-live' (the same on that curve as corrected by the run's own forwards; oilbird/paid_curve.py), or a comma list such as '60,auto' (every method runs at each, as rows 'method@60', 'method@auto', against one shared 'ar')."""
+    """Tree nodes per verification forward, root included: a number (fixed, e.g. 60 for paper-faithful comparisons), 'auto' (chosen per forward from this device's measured cost curve and the observed acceptance, up to 128), 'fit' (of each proposal of up to 64 nodes, the subtree whose estimated reach best pays for its forward on that curve; oilbird/tree_select.py), or a comma list such as '60,auto' (every method runs at each, as rows 'method@60', 'method@auto', against one shared 'ar')."""
     warmup: int = 1
     """Requests run (untimed, with throw-away drafters) before measuring."""
     audit: bool = True
@@ -83,7 +82,7 @@ class BenchConfig(Workload):
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
         for budget in self.budgets():
             if budget not in MEASURED_BUDGETS and not (budget.isdigit() and int(budget) >= 1):
-                raise ValueError(f"--budget must be positive integers, 'auto', 'fit' or 'fit-live', got {self.budget!r}")
+                raise ValueError(f"--budget must be positive integers, 'auto' or 'fit', got {self.budget!r}")
             DecodeConfig(self.max_new_tokens, node_budget(budget))  # validates both
         if not self.sampling.greedy:
             unsampled = [m for m in split_methods(self.methods) if m == "hf-pld" or fly_config(m)]
@@ -132,7 +131,7 @@ class BenchConfig(Workload):
 def node_budget(budget: str) -> int:
     """The cap on tree size: the fixed budget, the largest candidate in 'auto' mode, or the
     proposal's budget in 'fit' mode."""
-    return {"auto": AUTO_MAX_BUDGET, "fit": FIT_PROPOSAL_BUDGET, "fit-live": FIT_PROPOSAL_BUDGET}.get(budget) or int(budget)
+    return {"auto": AUTO_MAX_BUDGET, "fit": FIT_PROPOSAL_BUDGET}.get(budget) or int(budget)
 
 
 def encode_request(loaded: LoadedModel, request) -> list[int]:
@@ -191,21 +190,12 @@ class Harness:
                                                          log=lambda m: print(f"oilbird: {m}", file=sys.stderr))
             if budget in MEASURED_BUDGETS:
                 self.curves[spec] = measured[id(verifier)]
-        self.live_curves: dict[int, LiveCurve] = {}  # id(verifier) -> the curve its forwards paid ('fit-live')
         self.models: dict = {}  # drafter LLMs ('draft' method), loaded once per run
         self.drafters = {label: self.new_drafter(spec) for label, spec, _ in self.variants if is_drafter(spec)}
         self.policies = {label: p for label, spec, b in self.variants if (p := self.new_policy(spec, b))}
         # Each method pays for its own prefills: one prefix cache per row, as one per drafter.
         self.prefix_caches = {label: PrefixCache(PrefixCacheConfig(enabled=config.prefix_cache))
                               for label, _, _ in self.variants}
-
-    def live_curve(self, spec: str) -> LiveCurve:
-        """The live curve of `spec`'s verifier: one per verifier, shared by its 'fit-live' policies
-        (a forward's cost is the host's, whichever drafter built the tree)."""
-        verifier = self.verifier_of(spec)
-        if id(verifier) not in self.live_curves:
-            self.live_curves[id(verifier)] = LiveCurve(self.curves[spec])
-        return self.live_curves[id(verifier)]
 
     def verifier_of(self, spec: str) -> TreeVerifier:
         return self.verifiers.get(spec, self.verifier)
@@ -217,10 +207,9 @@ class Harness:
         """One policy per drafter instance: its acceptance estimate is that drafter's own."""
         if budget not in MEASURED_BUDGETS or spec == "ar" or not is_drafter(spec):
             return None
-        if budget in ("fit", "fit-live"):
+        if budget == "fit":
             options = self.budget_config
-            curve = self.curves[spec] if budget == "fit" else self.live_curve(spec)
-            return FittedTree(curve, FIT_PROPOSAL_BUDGET, use_context=options.fit_context,
+            return FittedTree(self.curves[spec], FIT_PROPOSAL_BUDGET, use_context=options.fit_context,
                               objective=options.fit_objective)
         return AdaptiveBudget(self.curves[spec], self.budget_config, AUTO_MAX_BUDGET)
 
@@ -366,7 +355,6 @@ def _summary(harness: Harness, records: list[dict], interrupted: bool) -> dict:
     return dict(config=asdict(config), interrupted=interrupted,
                 requests_served=len({r["request_id"] for r in records}),
                 budget_curve=curve.to_json() if curve else None, budget=asdict(harness.budget_config),
-                live_curves=[live.describe() for live in harness.live_curves.values()],
                 fit_calibration={label: p.calibration() for label, p in harness.policies.items()
                                  if isinstance(p, FittedTree)},
                 drafters={m: d.describe() for m, d in drafters.items()},

@@ -142,10 +142,8 @@ class AdaptiveBudget:
         """The decode loop's hook for pruning a proposal: this policy verifies the tree whole."""
         return None
 
-    def verified(self, offered: int, tree: DraftTree, path: list[int], context: str = "",
-                 seconds: float | None = None) -> None:
-        """The decode loop's report of one verified tree (see `observe`; the context and the
-        verification's seconds are not used)."""
+    def verified(self, offered: int, tree: DraftTree, path: list[int], context: str = "") -> None:
+        """The decode loop's report of one verified tree (see `observe`; the context is not used)."""
         self.observe(offered, len(tree), path)
 
     def observe(self, offered: int, tree_size: int, path: list[int]) -> None:

@@ -192,7 +192,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             if budget_policy is not None:
                 # The policy learns what verification accepted: a tail cut by max_new_tokens
                 # was accepted, and counting it as rejected would teach it that deep nodes fail.
-                budget_policy.verified(budget, tree, accepted, context, seconds=ver.forward_s + ver.bookkeeping_s)
+                budget_policy.verified(budget, tree, accepted, context)
                 context = tree_outcome(tree, accepted)
             t_observe = time.perf_counter()
             drafter.observe(request_id, ver)

@@ -110,8 +110,8 @@ def check_spec(spec: str) -> None:
         raise ConfigError(f"unknown method {method!r}; known methods: {', '.join(known)}")
     if fly_config(body) is not None and method not in DRAFTERS:
         raise ConfigError(f"{spec!r}: FLy verifies drafts; only drafters take '{FLY}'")
-    if "@" in spec and (method not in DRAFTERS or not (budget in ("auto", "fit", "fit-live") or budget.isdigit() and int(budget) >= 1)):
-        raise ConfigError(f"{spec!r}: only drafters take a budget, as name@N, name@auto, name@fit or name@fit-live")
+    if "@" in spec and (method not in DRAFTERS or not (budget in ("auto", "fit") or budget.isdigit() and int(budget) >= 1)):
+        raise ConfigError(f"{spec!r}: only drafters take a budget, as name@N, name@auto or name@fit")
     if overrides:
         if method not in DRAFTERS:
             raise ConfigError(f"{spec!r}: only drafters take config overrides")

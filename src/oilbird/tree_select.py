@@ -83,8 +83,7 @@ class FittedTree:
     the request's previous tree ('' for its first).
 
     Args:
-        curve: the device's cost curve for this verifier (a `LiveCurve` for 'fit-live': it also
-            learns from the seconds `verified` reports).
+        curve: the device's cost curve for this verifier.
         max_budget: the proposal's budget (the loop's cap).
         model: acceptance estimates (a fresh optimistic one by default).
         use_context: condition the estimates on the context (false: ignore it).
@@ -116,12 +115,8 @@ class FittedTree:
         rate = self.tokens / self.seconds if self.objective == "rate" else None
         return fit_subtree(reaches(tree, probs), self.curve.cost, rate)
 
-    def verified(self, offered: int, tree: DraftTree, path: list[int], context: str = "",
-                 seconds: float | None = None) -> None:
-        """Learn from one verified (selected) tree, proposed in `context`, and its accepted path;
-        `seconds`, what its verification took, teaches a live curve (oilbird/paid_curve.py)."""
-        if seconds is not None and hasattr(self.curve, "observe"):
-            self.curve.observe(len(tree), seconds)
+    def verified(self, offered: int, tree: DraftTree, path: list[int], context: str = "") -> None:
+        """Learn from one verified (selected) tree, proposed in `context`, and its accepted path."""
         context = context if self.use_context else ""
         self.predicted += sum(reaches(tree, self.model.node_probs(tree, context)))
         self.model.update_tree(tree, path, context)
