@@ -54,11 +54,15 @@ def table(paid: dict[int, list[float]], curve: CostCurve, min_forwards: int) -> 
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="an `oilbird bench --out` directory (a finished run)")
     parser.add_argument("--min-forwards", type=int, default=10, help="print node counts with at least this many forwards")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    missing = [name for name in ("records.jsonl", "summary.json") if not (args.run / name).exists()]
+    if missing:
+        raise SystemExit(f"{args.run} has no {' or '.join(missing)}: give the --out directory of a "
+                         "finished `oilbird bench` run")
     summary = json.loads((args.run / "summary.json").read_text())
     if not summary.get("budget_curve"):
         raise SystemExit(f"{args.run} used no measured curve (run it with --budget fit or auto)")

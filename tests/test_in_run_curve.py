@@ -37,3 +37,9 @@ def test_a_run_without_one_node_forwards_is_refused(tmp_path):
     run = _run(tmp_path, [dict(method="sam", nodes_per_forward=[8], forward_s_per_forward=[0.03])], {1: 0.02, 8: 0.03})
     with pytest.raises(SystemExit, match="one-node"):
         in_run_curve.table(in_run_curve.paid_seconds(run), CostCurve(points={1: 0.02, 8: 0.03}), 1)
+
+
+def test_a_directory_that_is_not_a_finished_run_is_named(tmp_path):
+    (tmp_path / "records.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="no summary.json: give the --out directory"):
+        in_run_curve.main([str(tmp_path)])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oilbird.summary import REFERENCE, summarize
-from oilbird.tables import audit_failure_lines, read_records
+from oilbird.tables import audit_failure_lines, interval_cell, read_records
 from oilbird.errors import DatasetError
 
 
@@ -92,6 +92,14 @@ def _method_order(runs: list[Run]) -> list[str]:
     return ["ar"] + [m for m in labels if m != "ar"]
 
 
+def _speedup_cell(row: dict) -> str:
+    """'1.90x [1.64–2.22]': the speedup vs the run's `ar` and its paired interval, when it has one."""
+    if row["speedup"] is None:
+        return "–"
+    interval = row.get("speedup_interval")
+    return f"{row['speedup']:.2f}x" + (f" [{interval_cell(interval)}]" if interval else "")
+
+
 def comparison_table(runs: list[Run]) -> str:
     """Markdown: per model, a row per method with τ and same-run speedup per dataset."""
     parts = []
@@ -108,9 +116,7 @@ def comparison_table(runs: list[Run]) -> str:
                 if row is None:
                     cells += ["–", "–"]
                     continue
-                speed = "–" if row["speedup"] is None else f"{row['speedup']:.2f}x"
-                if row.get("speedup_interval"):
-                    speed += " [{:.2f}–{:.2f}]".format(*row["speedup_interval"])
+                speed = _speedup_cell(row)
                 if row.get("decode_speedup") is not None:
                     speed += f" ({row['decode_speedup']:.2f}x)"
                 cells += [f"{row['tau']:.2f}", speed]
@@ -210,9 +216,7 @@ def semantic_report(runs: list[Run]) -> str:
         full = run.rows.get("oilbird")
         for method, row in run.rows.items():
             if full and method.startswith("oilbird[") and method != "oilbird[sem_entry_budget=0]":
-                speed = "–" if row["speedup"] is None else f"{row['speedup']:.2f}x"
-                if row.get("speedup_interval"):
-                    speed += " [{:.2f}–{:.2f}]".format(*row["speedup_interval"])
+                speed = _speedup_cell(row)
                 ablations.append(f"| {run.model} | {run.dataset} | {method} | {row['tau']:.2f} | "
                                  f"{_gain(full, row)} | {speed} | {row['lossless']}/{row['audited']} |")
     costs = ["", "| model | dataset | method | semantic sole share | fired | paid nodes accepted | "

@@ -62,7 +62,8 @@ def audit_failure_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _interval(x) -> str:
+def interval_cell(x) -> str:
+    """A (low, high) interval as 'low–high', or '–' when there is none."""
     return "–" if not x else f"{x[0]:.2f}–{x[1]:.2f}"
 
 
@@ -73,7 +74,7 @@ def _main_table(rows: list[dict]) -> list[str]:
     for r in rows:
         lines.append(f"| {r['method']} | {r['requests']} | {r['new_tokens']} | {r['forwards']} | "
                      f"{r['tau']:.2f} | {r['tokens_per_s']:.1f} | {_times(r['speedup'])} | "
-                     f"{_interval(r.get('speedup_interval'))} | "
+                     f"{interval_cell(r.get('speedup_interval'))} | "
                      f"{_times(r['decode_speedup'])} | {audit_cell(r)} | "
                      f"{_pct(r['drafter_share'])} | {_pct(r['bookkeeping_share'])} | "
                      f"{_pct(r.get('prefill_share'))} | {_pct(r.get('prompt_cached'))} |")
@@ -84,7 +85,7 @@ def _ratio_lines(rows: list[dict]) -> list[str]:
     head = next((r for r in reversed(rows) if r.get("ratios")), None)
     if head is None:
         return []
-    parts = [f"{head['method']} / {x['method']} {x['ratio']:.2f} ({_interval(x['interval'])})"
+    parts = [f"{head['method']} / {x['method']} {x['ratio']:.2f} ({interval_cell(x['interval'])})"
              for x in head["ratios"] if x["ratio"] is not None]
     return ["", "The method under test against each other method, tokens/s over tokens/s (90% interval, "
                 "requests resampled in pairs): " + "; ".join(parts)]
