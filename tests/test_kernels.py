@@ -6,7 +6,7 @@ import torch
 
 from oilbird.kernels import (ForwardConfig, PackedLinear, describe_kernels, onednn_available,
                              resolve_gemm, tree_model)
-from oilbird.skinny_gemm import SkinnyLinear, skinny_available
+from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, TREE_ATTENTION
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
@@ -43,9 +43,37 @@ def test_skinny_linear_refuses_what_it_cannot_run():
         return
     with pytest.raises(ValueError, match="float32 only"):
         SkinnyLinear(torch.nn.Linear(16, 16).to(torch.bfloat16))
-    with pytest.raises(ValueError, match="bfloat16 on cpu"):
-        resolve_gemm(ForwardConfig(gemm="skinny"), torch.device("cpu"), torch.bfloat16)
-    assert resolve_gemm(ForwardConfig(gemm="auto"), torch.device("cpu"), torch.bfloat16) == "onednn"
+    with pytest.raises(ValueError, match="float16 on cpu"):
+        resolve_gemm(ForwardConfig(gemm="skinny"), torch.device("cpu"), torch.float16)
+    # bfloat16: our dot-product GEMM where the CPU has AVX512_BF16, else oneDNN
+    bf16 = "skinny" if bf16_dot_ready()[0] else "onednn"
+    assert resolve_gemm(ForwardConfig(gemm="auto"), torch.device("cpu"), torch.bfloat16) == bf16
+
+
+BF16 = pytest.mark.skipif(not bf16_dot_ready()[0], reason=f"no AVX512_BF16 GEMM here: {bf16_dot_ready()[1]}")
+
+
+@BF16
+@pytest.mark.parametrize("bias", [False, True])
+def test_pairs_linear_rounds_like_bfloat16_and_gives_each_row_the_same_bits(bias):
+    g = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(97, 300, bias=bias).to(torch.bfloat16)  # odd inputs, padded outputs
+    x = torch.randn(1, 64, 97, generator=g).to(torch.bfloat16)
+    layer = PairsLinear(linear)
+    with torch.inference_mode():
+        ours, ref = layer(x), linear(x)
+        exact = torch.nn.functional.linear(x.float(), linear.weight.float(),
+                                           None if linear.bias is None else linear.bias.float())
+    assert ours.dtype == torch.bfloat16 and ours.shape == (1, 64, 300)
+    # float32 sums rounded once: within one bfloat16 rounding of the exact value, as PyTorch's
+    assert torch.allclose(ours.float(), exact, rtol=2 ** -8, atol=1e-3)
+    assert torch.allclose(ours.float(), ref.float(), rtol=2 ** -7, atol=2e-3)
+    with torch.inference_mode():  # a row's bits do not depend on the rows beside it
+        for rows in (1, 3, 13, 40):
+            assert torch.equal(layer(x[:, :rows]), ours[:, :rows])
+        assert torch.equal(layer(x[:, 50:51]), ours[:, 50:51])
+    with pytest.raises(ValueError, match="bfloat16 layers only"):
+        PairsLinear(torch.nn.Linear(16, 16))
 
 
 @needs_onednn
@@ -99,8 +127,11 @@ def test_attention_auto_takes_the_skinny_kernel_where_it_runs_and_says_why_not(s
 
     assert resolve_attention(ForwardConfig(), smol.model) == ("skinny" if SKINNY else "tree")
     assert resolve_attention(ForwardConfig(attention="sdpa"), smol.model) == "sdpa"
-    half = torch.nn.Linear(4, 4).to(torch.bfloat16)
-    half.config = SimpleNamespace(head_dim=64, hidden_size=576, num_attention_heads=9)
+    bf16 = torch.nn.Linear(4, 4).to(torch.bfloat16)  # bfloat16: the kernel where the bfloat16 GEMM runs
+    bf16.config = SimpleNamespace(head_dim=64, hidden_size=576, num_attention_heads=9)
+    assert resolve_attention(ForwardConfig(), bf16) == ("skinny" if bf16_dot_ready()[0] else "tree")
+    half = torch.nn.Linear(4, 4).to(torch.float16)
+    half.config = bf16.config
     assert resolve_attention(ForwardConfig(), half) == "tree"
     with pytest.raises(ValueError, match="attention='tree'"):
         resolve_attention(ForwardConfig(attention="skinny"), half)

@@ -6,8 +6,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from oilbird.tree import DraftTree
-from oilbird.skinny_gemm import skinny_available
-from oilbird.tree_attention import skinny_tree_attention, tree_attention
+from oilbird.skinny_gemm import kernels, skinny_available
+from oilbird.tree_attention import BF16_KERNEL, skinny_tree_attention, tree_attention
 
 
 class Attn(torch.nn.Module):
@@ -74,6 +74,43 @@ def test_the_skinny_kernel_equals_the_copying_path_up_to_rounding(kv_heads, grou
     bool_mask = mask == 0  # True = attend: the same attention
     assert torch.allclose(skinny_tree_attention(module, query, key, value, bool_mask, scaling=dim ** -0.5)[0],
                           ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+@pytest.mark.parametrize("cached", [37, 512])
+def test_bfloat16_gives_each_node_the_bits_of_a_one_token_step_over_its_path(cached):
+    # bfloat16 ties often, so speculation is lossless only if a tree node's attention is
+    # bit-identical to the one-token step that would compute it: the path's keys contiguous,
+    # no mask. One kernel at every row count, masked keys adding exact zeros, gives that.
+    g = torch.Generator().manual_seed(cached)
+    tree = DraftTree.root(1)
+    a = tree.add(0, 2, "t")
+    b = tree.add(0, 3, "t")
+    c = tree.add_chain(a, [4, 5, 6], "t")
+    tree.add_chain(b, [7, 8], "t")
+    tree.add(c, 9, "t")
+    n, s, dim = len(tree), cached + len(tree), 64
+    bf16 = torch.bfloat16
+    query = torch.randn(1, 9, n, dim, generator=g).to(bf16)  # [B, H_q, N, D]
+    key = torch.randn(1, 3, s, dim, generator=g).to(bf16)  # [B, H_kv, S, D]
+    value = torch.randn(1, 3, s, dim, generator=g).to(bf16)
+    module = Attn(3)
+    full, _ = skinny_tree_attention(module, query, key, value, tree.attention_mask(cached, bf16))
+    assert full.dtype == bf16 and full.shape == (1, n, 9, dim)
+    # Checked on the kernel's float32 output, before the rounding to bfloat16 hides most differences.
+    q32, k32, v32 = query.float(), key.float(), value.float()
+    tree_out = kernels().tree_attention(q32, k32, v32, tree.attention_mask(cached, torch.float32),
+                                        dim ** -0.5, BF16_KERNEL)  # [1, N, H_q, D]
+    assert torch.equal(tree_out.to(bf16), full)
+    ancestors = tree.ancestor_matrix("cpu")  # [N, N], row n: n and its ancestors
+    for node in range(n):
+        cols = list(range(cached)) + [cached + j for j in range(n) if ancestors[node, j]]
+        one = kernels().tree_attention(q32[:, :, node:node + 1].contiguous(), k32[:, :, cols].contiguous(),
+                                       v32[:, :, cols].contiguous(), None, dim ** -0.5, BF16_KERNEL)
+        assert torch.equal(one[0, 0], tree_out[0, node]), node
+    ref, _ = sdpa_attention_forward(module, query.float(), key.float(), value.float(),
+                                    tree.attention_mask(cached, torch.float32), scaling=dim ** -0.5)
+    assert torch.allclose(full.float(), ref, atol=1e-2, rtol=2 ** -7)  # one bfloat16 rounding
 
 
 def test_the_skinny_kernel_leaves_what_it_does_not_cover_to_sdpa():

@@ -68,13 +68,20 @@ def greedy_reference(model, prompt_ids: list[int], max_new_tokens: int,
                      wall_s=wall)
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two outputs differ (one ending first counts), or None."""
+    if a == b:
+        return None
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
 def compare(output_ids: list[int], reference: Reference) -> AuditResult:
     """Audit `output_ids` token for token against `reference`."""
     ref = reference.output_ids
-    if output_ids == ref:
+    i = first_difference(output_ids, ref)
+    if i is None:
         return AuditResult(lossless=True)
-    n = min(len(output_ids), len(ref))
-    i = next((j for j in range(n) if output_ids[j] != ref[j]), n)
     return AuditResult(
         lossless=False, divergence=i,
         expected=ref[i] if i < len(ref) else None,

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oilbird.skinny_gemm import SkinnyLinear, skinny_available
+from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, SKINNY_HEAD_DIMS, TREE_ATTENTION
 
 GEMMS = ("auto", "skinny", "onednn", "default")
@@ -56,9 +56,9 @@ class ForwardConfig:
     dtype: str = "float32"
     """Weight and activation dtype: float32 (the reference precision on the CPU), bfloat16 or float16."""
     gemm: str = "auto"
-    """Linear layers: 'skinny' (our AVX-512/AVX2 kernel for few rows, oilbird/skinny_gemm.py; CPU, float32), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
+    """Linear layers: 'skinny' (our kernels, oilbird/skinny_gemm.py: float32 on AVX-512/AVX2, bfloat16 on AVX512_BF16 dot products; CPU), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
     attention: str = "auto"
-    """'skinny': tree attention on our kernel (CPU with AVX-512 or AVX2, float32, head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs, else tree."""
+    """'skinny': tree attention on our kernel (CPU with AVX-512 or AVX2 and float32, or AVX512_BF16 and bfloat16; head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs, else tree."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -86,8 +86,8 @@ def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype
     """The GEMM a model on `device` in `dtype` gets: 'skinny', 'onednn' or 'default'.
 
     'auto' takes the fastest that runs here, by the measurement in docs/RESULTS.md: the skinny
-    kernel (a CPU with AVX-512 or AVX2, float32, a compiler), else oneDNN (a CPU, float32 or bfloat16),
-    else PyTorch's.
+    kernel (a CPU with AVX-512 or AVX2 and float32, or AVX512_BF16 and bfloat16; a compiler), else
+    oneDNN (a CPU, float32 or bfloat16), else PyTorch's.
 
     Raises:
         ValueError: if 'skinny' or 'onednn' is asked for where it cannot run, saying why.
@@ -97,15 +97,15 @@ def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype
         raise ValueError(f"gemm='onednn' needs a CPU model in float32 or bfloat16 and a PyTorch "
                          f"build with oneDNN; this model is {dtype} on {device.type}. "
                          "Use gemm='default' (or 'auto').")
-    if config.gemm in ("skinny", "auto") and device.type == "cpu" and dtype == torch.float32:
-        ok, why = skinny_available()
+    if config.gemm in ("skinny", "auto") and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+        ok, why = skinny_available() if dtype == torch.float32 else bf16_dot_ready()
         if ok:
             return "skinny"
         if config.gemm == "skinny":
             raise ValueError(f"gemm='skinny' cannot run here: {why}. Use gemm='onednn' (or 'auto').")
     elif config.gemm == "skinny":
-        raise ValueError(f"gemm='skinny' needs a CPU model in float32; this model is {dtype} on "
-                         f"{device.type}. Use gemm='auto'.")
+        raise ValueError(f"gemm='skinny' needs a CPU model in float32 or bfloat16; this model is {dtype} "
+                         f"on {device.type}. Use gemm='auto'.")
     if config.gemm == "auto":
         return "onednn" if onednn else "default"
     return config.gemm
@@ -124,9 +124,9 @@ def resolve_attention(config: ForwardConfig, model: torch.nn.Module) -> str:
     param = next(model.parameters())
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    ok, why = skinny_available()
-    if param.device.type != "cpu" or param.dtype != torch.float32:
-        ok, why = False, f"the model is {param.dtype} on {param.device.type}, the kernel float32 on a CPU"
+    ok, why = skinny_available() if param.dtype != torch.bfloat16 else bf16_dot_ready()
+    if param.device.type != "cpu" or param.dtype not in (torch.float32, torch.bfloat16):
+        ok, why = False, f"the model is {param.dtype} on {param.device.type}, the kernel float32 or bfloat16 on a CPU"
     elif head_dim not in SKINNY_HEAD_DIMS:
         ok, why = False, f"head_dim {head_dim} is not one of {SKINNY_HEAD_DIMS}"
     if not ok and config.attention == "skinny":
@@ -163,7 +163,8 @@ class PackedLinear(torch.nn.Module):
 def describe_kernels(model: torch.nn.Module) -> str:
     """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' (for cost-curve keys and records)."""
     kinds = {type(m) for m in model.modules()}
-    gemm = "skinny" if SkinnyLinear in kinds else "onednn" if PackedLinear in kinds else "default"
+    gemm = ("skinny" if SkinnyLinear in kinds else "skinny-bf16" if PairsLinear in kinds
+            else "onednn" if PackedLinear in kinds else "default")
     return f"{gemm}/{model.config._attn_implementation}"
 
 
@@ -191,7 +192,8 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> t
     # Every parameter and buffer maps to itself: the copy shares all tensors with `model`.
     memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
     fast = copy.deepcopy(model, memo)
-    layer = {"skinny": SkinnyLinear, "onednn": PackedLinear}.get(gemm)
+    skinny = PairsLinear if param.dtype == torch.bfloat16 else SkinnyLinear
+    layer = {"skinny": skinny, "onednn": PackedLinear}.get(gemm)
     if layer is not None:
         for name, module in list(fast.named_modules()):
             if type(module) is torch.nn.Linear:

@@ -194,3 +194,62 @@ class SkinnyLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, skinny {isa()}"
+
+
+def bf16_dot_ready() -> tuple[bool, str]:
+    """(True, '') when the AVX512_BF16 GEMM (`PairsLinear`) runs here, else (False, why)."""
+    module, why = _load()
+    if module is None:
+        return False, why
+    if not module.bf16_dot_available():
+        return False, "the CPU has no AVX512_BF16 (or the kernels were built without it)"
+    return True, ""
+
+
+class PairsLinear(torch.nn.Module):
+    """`nn.Linear` of a bfloat16 model on AVX512_BF16 dot products (csrc/bf16_dot_gemm.cpp).
+
+    Every product of a bfloat16 input and weight is exact and every sum float32, in the same
+    order for each row whatever the number of rows (one row per task, sequential over the
+    inputs); the output is rounded to bfloat16 once, as PyTorch's bfloat16 linear does. So a row's
+    result does not depend on the rows beside it: a tree forward gives each node the bits a
+    one-token step would, which bfloat16 needs for speculation to be lossless (its logits tie often,
+    and oneDNN's kernels, which change with the row count, broke such ties differently).
+
+    Args:
+        linear: a bfloat16 layer on the CPU; weight and bias shared, the packed copy the only new memory.
+
+    Raises:
+        ValueError: if the kernel cannot run here or the layer is not bfloat16.
+    """
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        ok, why = bf16_dot_ready()
+        if not ok:
+            raise ValueError(f"the bfloat16 dot-product GEMM is unavailable: {why}")
+        if linear.weight.dtype != torch.bfloat16:
+            raise ValueError(f"PairsLinear runs bfloat16 layers only, not {linear.weight.dtype}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # kept for code that reads it (e.g. tied embeddings)
+        self.bias = linear.bias
+        with torch.no_grad():
+            weight = linear.weight.detach()  # [out, in]
+            padded = -self.out_features % 16  # the kernel works in blocks of 16 outputs
+            if padded:
+                weight = torch.cat([weight, weight.new_zeros(padded, self.in_features)])
+            self.register_buffer("packed", kernels().pack_pairs(weight), persistent=False)  # [out/16, in/2, 32]
+            bias = None if linear.bias is None else linear.bias.detach().float()  # [out]
+            self.register_buffer("bias_f32", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] bfloat16 -> [..., out] bfloat16
+        rows = x.reshape(-1, self.in_features).float()  # [M, in], exact: the kernel rounds it back
+        out = kernels().linear_pairs(rows, self.packed)  # [M, out padded] float32
+        if out.shape[1] != self.out_features:
+            out = out[:, : self.out_features]
+        if self.bias_f32 is not None:
+            out = out + self.bias_f32
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, AVX512_BF16 dot products"

@@ -16,6 +16,11 @@ Contract:
   give their sum, `overhead_share`; their split shares are None.
 - The audit: `lossless` of `audited` requests token-identical to the greedy reference, with each
   divergence; `audit_failures` lists the strict (non-FLy) rows that diverged: a failed run.
+- Against `ar`, the same run's greedy decoding on the same kernels and dtype: `ar_identical` of
+  `ar_compared` requests whose output equals `ar`'s, and where the first ones differ
+  (`ar_divergences`). The audit compares with transformers' kernels, so where the reference's
+  logits tie (bfloat16 ties often) `ar` itself can differ from it; this count says whether
+  speculation changed anything over our own greedy decoding. Strict greedy rows only.
 - Sampled runs (temperature > 0) have no token-for-token reference; their rows carry the
   distribution check instead (`dist_z` over `dist_n` positions, oilbird/sampling.py), and a
   row with |z| > 4 is a failure too.
@@ -23,6 +28,7 @@ Contract:
 
 from __future__ import annotations
 
+from oilbird.audit import first_difference
 from oilbird.intervals import per_request, ratio_interval
 from oilbird.sampling import Z_FAIL, check_z
 
@@ -170,6 +176,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
         row["speedup_interval"] = (ratio_interval(times[row["method"]], times["ar"])
                                    if base is not None and row is not base else None)
     _headline_ratios(rows, times)
+    _against_ar_outputs(rows, records)
     for row in rows:  # per-request grades were only needed for the pairing: keep summaries small
         del row["graded_ids"], row["cycle_s"]
     return rows
@@ -185,6 +192,24 @@ def _headline_ratios(rows: list[dict], times: dict[str, dict]) -> None:
     head["ratios"] = [dict(method=other["method"], ratio=_ratio(head["tokens_per_s"], other["tokens_per_s"]),
                            interval=ratio_interval(times[head["method"]], times[other["method"]]))
                       for other in tested[:-1]]
+
+
+def _against_ar_outputs(rows: list[dict], records: list[dict]) -> None:
+    """Give each strict greedy row (not the reference, `ar`, FLy's or a sampled one) how many of
+    its outputs equal `ar`'s on the same requests, and where the first three differ."""
+    ar = {r["request_id"]: r["output_ids"] for r in records if r["method"] == "ar" and "output_ids" in r}
+    for row in rows:
+        if not ar or row["method"] in (REFERENCE, "ar") or row.get("lossy") or row.get("dist_n"):
+            continue
+        compared, divergences = 0, []
+        for r in records:
+            if r["method"] == row["method"] and r["request_id"] in ar and "output_ids" in r:
+                compared += 1
+                at = first_difference(r["output_ids"], ar[r["request_id"]])
+                if at is not None:
+                    divergences.append(dict(request_id=r["request_id"], position=at))
+        row["ar_compared"], row["ar_identical"] = compared, compared - len(divergences)
+        row["ar_divergences"] = divergences[:3]
 
 
 def audit_failures(rows: list[dict]) -> list[dict]:

@@ -62,6 +62,22 @@ def audit_failure_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def ar_identity_lines(rows: list[dict]) -> list[str]:
+    """The line saying how many outputs of each strict method equal `ar`'s (empty without `ar`)."""
+    compared = [r for r in rows if r.get("ar_compared")]
+    if not compared:
+        return []
+    parts = []
+    for r in compared:
+        part = f"{r['method']} {r['ar_identical']}/{r['ar_compared']}"
+        if r["ar_divergences"]:
+            first = r["ar_divergences"][0]
+            part += f" (first: {first['request_id']}, token {first['position']})"
+        parts.append(part)
+    return ["", "Outputs identical to `ar`'s (our own greedy decoding, same kernels and dtype: "
+                "speculation must change none): " + "; ".join(parts)]
+
+
 def interval_cell(x) -> str:
     """A (low, high) interval as 'low–high', or '–' when there is none."""
     return "–" if not x else f"{x[0]:.2f}–{x[1]:.2f}"
@@ -171,7 +187,8 @@ def _sampling_note(config) -> str:
 
 def format_table(rows: list[dict], config) -> str:
     """A Markdown table of a run's summary rows (see the module docstring)."""
-    lines = _main_table(rows) + _ratio_lines(rows) + _accuracy_lines(rows) + _source_lines(rows) + _semantic_lines(rows)
+    lines = (_main_table(rows) + _ratio_lines(rows) + ar_identity_lines(rows) + _accuracy_lines(rows)
+             + _source_lines(rows) + _semantic_lines(rows))
     failures = audit_failure_lines(rows)
     lines += ["", footnote(config)] + ([""] + failures if failures else [])
     return "\n".join(lines)

@@ -150,8 +150,8 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     # prefix: `prefix_causal_mask`): the kernel's causal mode, lower-right aligned.
     causal = attention_mask is None and query.shape[2] > 1
     rows = query.shape[1] // key.shape[1] * query.shape[2]  # a group's heads x the tokens
-    too_long = causal and not causal_mode_fits(key.shape[2], key.shape[3], key.element_size(), rows)
-    covered = (query.shape[0] == 1 and not dropout and query.dtype == torch.float32
+    too_long = causal and not causal_mode_fits(key.shape[2], key.shape[3], 4, rows)  # float32 on the kernel
+    covered = (query.shape[0] == 1 and not dropout and query.dtype in (torch.float32, torch.bfloat16)
                and query.device.type == "cpu" and query.shape[-1] in SKINNY_HEAD_DIMS
                and kwargs.get("s_aux") is None)
     if causal and key.shape[2] != query.shape[2] and (too_long or not covered):
@@ -167,7 +167,26 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
         attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill_(
             ~attention_mask, torch.finfo(query.dtype).min)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if query.dtype == torch.bfloat16:
+        return _bf16_attention(query, key, value, attention_mask, scale, causal), None
     return kernels().tree_attention(query, key, value, attention_mask, scale, causal=causal), None  # [1, N, H_q, D]
+
+
+BF16_KERNEL = "lanes"
+"""The one kernel bfloat16 attention runs at every row count: with query rows in its lanes, a
+row's sums run over the keys in order, masked keys adding exact zeros, so a tree node gets the
+bits a one-token step over its path would (tests/test_tree_attention.py checks it); 'two-pass'
+does not."""
+
+
+def _bf16_attention(query, key, value, mask, scale: float, causal: bool) -> torch.Tensor:
+    """A bfloat16 layer's attention on the float32 kernel: inputs widened (exact), one kernel for
+    every row count (`BF16_KERNEL`), the output rounded to bfloat16 once. [1, N, H_q, D]"""
+    if mask is not None:
+        mask = mask.float()  # [1, 1, N, S]
+    out = kernels().tree_attention(query.float(), key.float(), value.float(), mask, scale,
+                                   BF16_KERNEL, causal)  # [1, N, H_q, D] float32
+    return out.to(torch.bfloat16)
 
 
 AttentionInterface.register(TREE_ATTENTION, tree_attention)
