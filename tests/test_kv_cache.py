@@ -64,3 +64,20 @@ def test_reset_empties_the_cache():
     assert cache.get_seq_length() == 0
     fill(cache, [2])
     assert cache.get_seq_length() == 2
+
+
+def test_a_float32_cache_holds_bfloat16_rows_widened_exactly():
+    # A bfloat16 model on the float32 attention kernel: rows widened once, when written.
+    ours, ref = TreeCache(2, dtype=torch.float32), DynamicCache()
+    for i, n in enumerate([5, 1, MIN_ROOM + 3]):
+        for layer in range(2):
+            k, v = (t.to(torch.bfloat16) for t in rows(n, 10 * i + layer))
+            keys, values = ours.update(k, v, layer)
+            ref.update(k, v, layer)
+            assert keys.dtype == values.dtype == torch.float32
+    for a, b in zip(ours.layers, ref.layers):
+        assert torch.equal(a.keys, b.keys.float()) and torch.equal(a.values, b.values.float())
+    total = ref.get_seq_length()
+    compact_cache(ours, total - 3, 3, [2])  # a 3-node tree whose node 2 was accepted
+    assert ours.get_seq_length() == total - 1
+    assert torch.equal(ours.layers[0].keys[:, :, total - 2], ref.layers[0].keys[:, :, total - 1].float())

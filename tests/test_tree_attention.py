@@ -7,7 +7,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from oilbird.tree import DraftTree
 from oilbird.skinny_gemm import kernels, skinny_available
-from oilbird.tree_attention import BF16_KERNEL, skinny_tree_attention, tree_attention
+from oilbird.tree_attention import INVARIANT_KERNEL, attention_kernel, skinny_tree_attention, tree_attention
 
 
 class Attn(torch.nn.Module):
@@ -100,13 +100,13 @@ def test_bfloat16_gives_each_node_the_bits_of_a_one_token_step_over_its_path(cac
     # Checked on the kernel's float32 output, before the rounding to bfloat16 hides most differences.
     q32, k32, v32 = query.float(), key.float(), value.float()
     tree_out = kernels().tree_attention(q32, k32, v32, tree.attention_mask(cached, torch.float32),
-                                        dim ** -0.5, BF16_KERNEL)  # [1, N, H_q, D]
+                                        dim ** -0.5, INVARIANT_KERNEL)  # [1, N, H_q, D]
     assert torch.equal(tree_out.to(bf16), full)
     ancestors = tree.ancestor_matrix("cpu")  # [N, N], row n: n and its ancestors
     for node in range(n):
         cols = list(range(cached)) + [cached + j for j in range(n) if ancestors[node, j]]
         one = kernels().tree_attention(q32[:, :, node:node + 1].contiguous(), k32[:, :, cols].contiguous(),
-                                       v32[:, :, cols].contiguous(), None, dim ** -0.5, BF16_KERNEL)
+                                       v32[:, :, cols].contiguous(), None, dim ** -0.5, INVARIANT_KERNEL)
         assert torch.equal(one[0, 0], tree_out[0, node]), node
     ref, _ = sdpa_attention_forward(module, query.float(), key.float(), value.float(),
                                     tree.attention_mask(cached, torch.float32), scaling=dim ** -0.5)
@@ -201,22 +201,22 @@ def test_one_token_steps_and_the_prefill_go_to_the_kernel():
 
 def past_causal_limit(rows: int, head_dim: int = 64) -> int:
     """The fewest keys whose causal forward of `rows` query rows leaves the kernel's causal mode here."""
-    from oilbird.tree_attention import CAUSAL_MAX_KV_BYTES, causal_kernel
+    from oilbird.tree_attention import CAUSAL_MAX_KV_BYTES, attention_kernel
 
-    return CAUSAL_MAX_KV_BYTES[causal_kernel(rows)] // (2 * head_dim * 4) + 1
+    return CAUSAL_MAX_KV_BYTES[attention_kernel(rows)] // (2 * head_dim * 4) + 1
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
 def test_each_kernel_has_its_causal_limit():
-    """A prefill's keys fit the causal mode up to its kernel's limit: the lanes kernel (AVX-512
-    builds, from 7 query rows) runs 8192 keys at head_dim 64, the two-pass kernel 768."""
+    """A prefill's keys fit the causal mode up to its kernel's limit: the lanes kernel (every
+    forward of an AVX-512 build) runs 8192 keys at head_dim 64, the two-pass kernel (AVX2) 768."""
     from oilbird.skinny_gemm import isa
-    from oilbird.tree_attention import causal_kernel, causal_mode_fits
+    from oilbird.tree_attention import attention_kernel, causal_mode_fits
 
     lanes = isa() in ("AVX512", "AMX")
-    assert causal_kernel(3 * 100) == ("lanes" if lanes else "two-pass")
-    assert causal_kernel(6) == "two-pass"  # a few rows run two-pass on either build
-    assert causal_mode_fits(768, 64, rows=6) and not causal_mode_fits(769, 64, rows=6)
+    assert attention_kernel(3 * 100) == attention_kernel(3) == ("lanes" if lanes else "two-pass")
+    keys = 8192 if lanes else 768
+    assert causal_mode_fits(keys, 64, rows=6) and not causal_mode_fits(keys + 1, 64, rows=6)
     assert causal_mode_fits(4096, 64, rows=300) == lanes and causal_mode_fits(2048, 128, rows=300) == lanes
     assert causal_mode_fits(8192, 64, rows=300) == lanes and not causal_mode_fits(8193, 64, rows=300)
 

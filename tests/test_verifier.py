@@ -8,7 +8,10 @@ import torch
 from oilbird.audit import greedy_reference
 from oilbird.tree import DraftTree
 from oilbird.errors import ModelError
+from oilbird.skinny_gemm import isa, skinny_available
 from oilbird.verifier import TreeVerifier, VerifierConfig
+
+AVX512 = skinny_available()[0] and isa() in ("AVX512", "AMX")
 
 PROMPT = [{"role": "user", "content": "List three colors of the rainbow."}]
 
@@ -58,6 +61,24 @@ def test_tree_forward_matches_sequential_forwards(smol, model, setup):
         assert torch.allclose(ver.hidden[node], hidden, atol=1e-3), f"node {node}"
         assert ver.argmax[node].item() == logits.argmax().item()
         assert ver.topk_ids[node].tolist() == logits.topk(4).indices.tolist()
+
+
+@pytest.mark.skipif(not AVX512, reason="one attention kernel at every size on AVX-512 builds only (AVX2: two-pass, exact up to rounding)")
+def test_on_the_fast_kernels_a_tree_node_has_the_bits_of_the_one_token_step_over_its_path(smol, setup):
+    # Speculation then cannot change our own greedy output, near-ties included: the tree's
+    # greedy nodes sit after wrong siblings (masked columns between them), the steps see their
+    # path's keys contiguous.
+    prompt, greedy = setup
+    verifier = TreeVerifier(smol.tree_model(), smol.stop_ids, VerifierConfig(top_k=4))
+    tree = branchy_tree(prompt[-1], greedy, wrong=[100, 200, 300])
+    ver = verifier.verify(verifier.prefill(prompt), tree, hidden_layer=-1)
+    state = verifier.prefill(prompt)
+    for depth, node in enumerate([0] + tree.path_to(len(tree) - 1)):
+        step = verifier.verify(state, DraftTree.root(state.anchor), hidden_layer=-1)
+        assert torch.equal(step.hidden[0], ver.hidden[node]), f"depth {depth}"
+        assert torch.equal(step.topk_logits[0], ver.topk_logits[node])
+        if depth < 3:
+            assert step.committed == [greedy[depth]]
 
 
 def test_greedy_walk_bonus_and_compaction(smol, model, setup):

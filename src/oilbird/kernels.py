@@ -14,13 +14,20 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
   row is faster than oneDNN's. The
   default where it builds; oneDNN where it cannot. Measured in `scripts/forward_cost.py`
   (docs/RESULTS.md); `gemm='default'` keeps PyTorch's linear.
+- **bfloat16.** oneDNN's bfloat16 kernels change with the row count, and bfloat16 logits tie
+  often, so a tree node and the one-token step over the same path broke ties differently:
+  speculation changed half the outputs of our own greedy decoding (docs/RESULTS.md). On a CPU
+  with AVX512_BF16 a bfloat16 model gets `PairsLinear` (our dot-product GEMM, each row's sums in
+  one order whatever the rows beside it) and one attention kernel at every row count
+  (`oilbird.tree_attention.BF16_KERNEL`): a node gets the bits of that step, and speculation
+  leaves our greedy output unchanged.
 - **Attention.** transformers copies the cache per query group whenever a mask is given;
   `oilbird.tree_attention` attends over it in place, on our kernel where it builds (on AVX2
   CPUs large trees go to PyTorch's SDPA with grouped heads, faster there).
 
 `tree_model(model, config)` returns a *copy* of the model's module tree that shares every weight
 tensor with the original (no second copy of the weights; packed GEMM weights are the only new
-memory) and has its `nn.Linear` layers swapped for `SkinnyLinear` (or `PackedLinear`) and its
+memory) and has its `nn.Linear` layers swapped for `SkinnyLinear`, `PairsLinear` (bfloat16) or `PackedLinear` and its
 attention set to `SKINNY_ATTENTION` (or `TREE_ATTENTION`). The caller's model is left untouched:
 the losslessness audit runs
 transformers' `generate()` on it, an independent reference with PyTorch's default kernels.

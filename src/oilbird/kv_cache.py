@@ -24,7 +24,17 @@ MIN_ROOM = 256
 
 
 class PreallocatedLayer(DynamicLayer):
-    """One layer's K and V in preallocated buffers (see the module docstring)."""
+    """One layer's K and V in preallocated buffers (see the module docstring).
+
+    Args:
+        dtype: the buffers' dtype; None: the rows' own. float32 for a bfloat16 model whose
+            attention runs on a float32 kernel: its rows are widened once, when written, instead of
+            the whole cache at every forward.
+    """
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.storage_dtype = dtype
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -38,8 +48,9 @@ class PreallocatedLayer(DynamicLayer):
         old = self._keys.shape[-2] if self._keys is not None else 0
         capacity = max(rows + MIN_ROOM, 2 * old)  # geometric growth: amortised O(1) per row
         b, h, _, d = key_states.shape
-        keys = key_states.new_empty((b, h, capacity, d))  # [B, H_kv, capacity, D]
-        values = value_states.new_empty((b, h, capacity, value_states.shape[-1]))
+        dtype = self.storage_dtype or key_states.dtype
+        keys = key_states.new_empty((b, h, capacity, d), dtype=dtype)  # [B, H_kv, capacity, D]
+        values = value_states.new_empty((b, h, capacity, value_states.shape[-1]), dtype=dtype)
         if self.length:
             keys[:, :, : self.length] = self._keys[:, :, : self.length]
             values[:, :, : self.length] = self._values[:, :, : self.length]
@@ -86,15 +97,17 @@ class TreeCache(Cache):
 
     Args:
         num_layers: the model's decoder layers (`config.num_hidden_layers`).
+        dtype: the buffers' dtype (`PreallocatedLayer`); None: the rows' own.
     """
 
-    def __init__(self, num_layers: int) -> None:
-        super().__init__(layers=[PreallocatedLayer() for _ in range(num_layers)])
+    def __init__(self, num_layers: int, dtype: torch.dtype | None = None) -> None:
+        super().__init__(layers=[PreallocatedLayer(dtype) for _ in range(num_layers)])
 
 
-def new_cache(config) -> Cache:
-    """The cache the verifier decodes with for a model of `config`."""
-    return TreeCache(config.get_text_config(decoder=True).num_hidden_layers)
+def new_cache(config, dtype: torch.dtype | None = None) -> Cache:
+    """The cache the verifier decodes with for a model of `config`, its rows kept in `dtype`
+    (None: the model's own)."""
+    return TreeCache(config.get_text_config(decoder=True).num_hidden_layers, dtype)
 
 
 def compact_cache(cache: Cache, prefix: int, n_nodes: int, path: list[int]) -> None:

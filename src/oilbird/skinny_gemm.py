@@ -7,8 +7,9 @@ the reads and the arithmetic one after the other: 8 rows cost 1.4x one row. The 
 few rows' FMAs under the loads: 8 rows cost about 1.1x one row, and one row is itself faster than
 oneDNN's. `csrc/tree_attention.cpp` is the tree attention on the same footing (used by
 `oilbird.tree_attention.skinny_tree_attention`), and `csrc/topk.cpp` the top-k of logit rows
-(`topk`: the verifier's and the prefill harvest's). The measurements: `scripts/forward_cost.py`,
-docs/RESULTS.md.
+(`topk`: the verifier's and the prefill harvest's). A bfloat16 model's layers run on the
+AVX512_BF16 dot products of `csrc/bf16_dot_gemm.cpp` (`PairsLinear`), where the CPU has them.
+The measurements: `scripts/forward_cost.py`, docs/RESULTS.md.
 
 The module is C++ written once against a few vector operations (`csrc/simd.h`) and compiled for
 the widest instruction set the CPU has, AVX-512 or AVX2 with FMA, by `torch.utils.cpp_extension`

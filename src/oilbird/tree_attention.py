@@ -16,16 +16,18 @@ every query head of a group reads its key/value head in place. On an AVX2 host i
 attention per tile of query rows (scores of 3 rows x 4 cached keys per step, a plain softmax,
 then the values), as fast as PyTorch's CPU SDPA or faster at every size measured, one-token
 steps included (1.4-3.3x at 1-8 nodes, 1.0-1.2x at 64, one or two threads; docs/RESULTS.md,
-issue 15); on an AVX-512 host the same below 7 query rows (a group's heads x the nodes) and from
-there attention with 16 query rows in a register's lanes (a lane-wise softmax, no reductions
-across lanes). Both prefetch the cache's rows, which decoding reads cold. One-token steps (no
+issue 15); on an AVX-512 host attention with 16 query rows in a register's lanes (a lane-wise
+softmax, no reductions across lanes) at every size, though two-pass is ~1% faster for one-token
+steps, so that every forward sums in the same order (`INVARIANT_KERNEL`). Both prefetch the cache's rows, which decoding reads cold. One-token steps (no
 mask) use them too, and so does a prefill (several tokens, no mask: causal) of up to
 `CAUSAL_MAX_KV_BYTES` (per kernel), in the kernels' causal mode, which skips the keys a tile of
 rows cannot see; a prefill over a reused cached prefix too, since the mask
 builder registered with it (`prefix_causal_mask`) leaves out the causal mask SDPA's builds there
 (past `CAUSAL_MAX_KV_BYTES` it keeps that mask, for the kernel's masked path). Exact up
-to rounding (it sums in another order), float32 on a CPU, head_dim 64 or 128; anything else goes
-to SDPA as above.
+to rounding (it sums in another order), float32 on a CPU, head_dim 64 or 128; a bfloat16 model's
+layers run it on inputs widened to float32. On AVX-512 a tree node's bits thus equal the
+one-token step's over its path (bfloat16 needs that: its logits tie often); anything else goes to
+SDPA as above.
 
 The functions are registered under `TREE_ATTENTION` and `SKINNY_ATTENTION` through transformers'
 `AttentionInterface` (and a mask builder under the same names through `AttentionMaskInterface`:
@@ -91,16 +93,28 @@ the longest prompt measured, where it took 0.59x SDPA's time (scripts/attention_
 the kernel's masked path)."""
 
 
-def causal_kernel(rows: int) -> str:
-    """The kernel a causal forward of `rows` query rows (a group's heads x the tokens) runs on
-    here: the compiled module's own choice, or 'two-pass' where there is no module."""
-    return kernels().default_kernel(rows) if skinny_available()[0] else "two-pass"
+INVARIANT_KERNEL = "lanes"
+"""The kernel every forward runs on where the build has it fast (AVX-512): with query rows in its
+lanes, a row's sums run over the keys in order, masked keys adding exact zeros, so a tree node
+gets the bits of the one-token step over its path (tests/test_tree_attention.py checks it), and
+speculation cannot change our own greedy output. 'two-pass' sums keys in groups and does not;
+AVX2 builds run it at every size (the faster there, docs/RESULTS.md) and are exact up to
+rounding only. On SmolLM2 one-token steps 'lanes' costs ~1% more than 'two-pass' did (stop 41)."""
+
+
+def attention_kernel(rows: int) -> str:
+    """The kernel a forward of `rows` query rows (a group's heads x the tokens) runs on here:
+    `INVARIANT_KERNEL` where the build runs it from some row count on (AVX-512), else the
+    module's own choice, 'two-pass' where there is no module."""
+    if not skinny_available()[0]:
+        return "two-pass"
+    return INVARIANT_KERNEL if kernels().default_kernel(1 << 20) == INVARIANT_KERNEL else kernels().default_kernel(rows)
 
 
 def causal_mode_fits(keys: int, head_dim: int, element_size: int = 4, rows: int = 1) -> bool:
     """Whether a causal forward of `rows` query rows over `keys` keys runs the kernel's causal mode
-    (`CAUSAL_MAX_KV_BYTES` of the kernel `causal_kernel(rows)` picks)."""
-    return 2 * keys * head_dim * element_size <= CAUSAL_MAX_KV_BYTES[causal_kernel(rows)]
+    (`CAUSAL_MAX_KV_BYTES` of the kernel `attention_kernel(rows)` picks)."""
+    return 2 * keys * head_dim * element_size <= CAUSAL_MAX_KV_BYTES[attention_kernel(rows)]
 
 
 def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
@@ -167,26 +181,14 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
         attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill_(
             ~attention_mask, torch.finfo(query.dtype).min)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    kernel = attention_kernel(rows)
     if query.dtype == torch.bfloat16:
-        return _bf16_attention(query, key, value, attention_mask, scale, causal), None
-    return kernels().tree_attention(query, key, value, attention_mask, scale, causal=causal), None  # [1, N, H_q, D]
-
-
-BF16_KERNEL = "lanes"
-"""The one kernel bfloat16 attention runs at every row count: with query rows in its lanes, a
-row's sums run over the keys in order, masked keys adding exact zeros, so a tree node gets the
-bits a one-token step over its path would (tests/test_tree_attention.py checks it); 'two-pass'
-does not."""
-
-
-def _bf16_attention(query, key, value, mask, scale: float, causal: bool) -> torch.Tensor:
-    """A bfloat16 layer's attention on the float32 kernel: inputs widened (exact), one kernel for
-    every row count (`BF16_KERNEL`), the output rounded to bfloat16 once. [1, N, H_q, D]"""
-    if mask is not None:
-        mask = mask.float()  # [1, 1, N, S]
-    out = kernels().tree_attention(query.float(), key.float(), value.float(), mask, scale,
-                                   BF16_KERNEL, causal)  # [1, N, H_q, D] float32
-    return out.to(torch.bfloat16)
+        # On the float32 kernel: inputs widened (exact; the verifier keeps such a model's cache in
+        # float32 already), the output rounded to bfloat16 once.
+        mask = None if attention_mask is None else attention_mask.float()  # [1, 1, N, S]
+        out = kernels().tree_attention(query.float(), key.float(), value.float(), mask, scale, kernel, causal)
+        return out.to(torch.bfloat16), None  # [1, N, H_q, D]
+    return kernels().tree_attention(query, key, value, attention_mask, scale, kernel, causal), None  # [1, N, H_q, D]
 
 
 AttentionInterface.register(TREE_ATTENTION, tree_attention)

@@ -42,7 +42,7 @@ from oilbird.lm_head import CertifiedHead, certified_head_unavailable, top_k_and
 from oilbird.sampling import Sampler, calibration_terms, sample_walk, warped_probs
 from oilbird.skinny_gemm import topk as fast_topk
 from oilbird.tree import DraftTree
-from oilbird.tree_attention import check_tree_attention
+from oilbird.tree_attention import SKINNY_ATTENTION, check_tree_attention
 
 
 @dataclass
@@ -169,6 +169,10 @@ class TreeVerifier:
         self.config = config or VerifierConfig()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        # A bfloat16 model on our float32 attention kernel keeps its cache in float32: each row
+        # is widened once, when written, not the whole cache at every forward (exact either way).
+        skinny = getattr(model.config, "_attn_implementation", None) == SKINNY_ATTENTION
+        self.cache_dtype = torch.float32 if skinny and self.dtype == torch.bfloat16 else None
         self._harvest = None  # the prefill harvest's LM head, built on first use
         self._head = None  # greedy verification's CertifiedHead, built on first use
         why = certified_head_unavailable(model) if self.config.head != "model" else "head='model'"
@@ -213,7 +217,7 @@ class TreeVerifier:
     def _start(self, prompt_ids: list[int], past: CachedPrefix | None):
         """The cache to prefill into and how many prompt tokens it already holds."""
         if past is None:
-            return new_cache(self.model.config), 0
+            return new_cache(self.model.config, self.cache_dtype), 0
         if not 0 < past.length < len(prompt_ids) or past.cache.get_seq_length() < past.length:
             raise ValueError(f"a cached prefix of {past.length} tokens does not fit a prompt of "
                              f"{len(prompt_ids)} (the anchor is never cached)")
