@@ -76,8 +76,11 @@ def test_the_cost_curve_is_kept_per_verifier_option_and_kernels(smol, tmp_path):
     assert len(json.loads((tmp_path / "cost-curves.json").read_text())) == 4
     from oilbird.skinny_gemm import skinny_available, source_key
 
-    if skinny_available()[0]:  # our kernels are keyed by their sources: a change re-measures
-        assert sum("kernels=skinny/" in key and f"@{source_key()}" in key for key in keys) == 3
+    if skinny_available()[0]:  # keyed by their sources and attention kernel: a change re-measures
+        from oilbird.tree_attention import attention_kernel
+
+        tag = f"@{source_key()}:{attention_kernel(1)}"
+        assert sum("kernels=skinny/" in key and tag in key for key in keys) == 3
 
 
 def test_a_measured_dip_is_pooled_away_and_a_monotone_curve_kept():

@@ -22,6 +22,7 @@ from oilbird.budget import BudgetConfig
 from oilbird.kernels import describe_kernels
 from oilbird.skinny_gemm import cpu_info, source_key
 from oilbird.tree import DraftTree
+from oilbird.tree_attention import attention_kernel
 
 
 @dataclass
@@ -169,8 +170,8 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
 
     threads = threads or torch.get_num_threads()
     kernels = describe_kernels(verifier.model)
-    if "skinny" in kernels:  # our kernels change with their sources, not with their name
-        kernels += f"@{source_key()}"
+    if "skinny" in kernels:  # our kernels change with their sources and choice, not with their name
+        kernels += f"@{source_key()}:{attention_kernel(1)}"
     options = (f"verify:top_k={verifier.config.top_k},kernels={kernels},head={verifier.head_kind},"
                f"fly={verifier.fly is not None and verifier.fly.entropy}")
     return (f"{Path(loaded.source).name}|{loaded.device}|cpu={host_cpu()}|threads={threads}|prefix={prefix_len}"
