@@ -18,9 +18,9 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
   often, so a tree node and the one-token step over the same path broke ties differently:
   speculation changed half the outputs of our own greedy decoding (docs/RESULTS.md). On a CPU
   with AVX512_BF16 a bfloat16 model gets `PairsLinear` (our dot-product GEMM, each row's sums in
-  one order whatever the rows beside it) and one attention kernel at every row count
-  (`oilbird.tree_attention.BF16_KERNEL`): a node gets the bits of that step, and speculation
-  leaves our greedy output unchanged.
+  one order whatever the rows beside it) and, like every model on AVX-512, one attention kernel at
+  every row count (`oilbird.tree_attention.INVARIANT_KERNEL`): a node gets the bits of that step,
+  and speculation leaves our greedy output unchanged.
 - **Attention.** transformers copies the cache per query group whenever a mask is given;
   `oilbird.tree_attention` attends over it in place, on our kernel where it builds (on AVX2
   CPUs large trees go to PyTorch's SDPA with grouped heads, faster there).

@@ -155,6 +155,13 @@ def topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return top.values.float(), top.indices
 
 
+def _adopt(layer: torch.nn.Module, linear: torch.nn.Linear) -> None:
+    """Give a packed layer the shape and the (shared, not copied) tensors of the linear it replaces."""
+    layer.in_features, layer.out_features = linear.in_features, linear.out_features
+    layer.weight = linear.weight  # kept for code that reads it (e.g. tied embeddings)
+    layer.bias = linear.bias
+
+
 class SkinnyLinear(torch.nn.Module):
     """`nn.Linear` in float32 computed by the skinny kernel from weights packed once.
 
@@ -173,9 +180,7 @@ class SkinnyLinear(torch.nn.Module):
             raise ValueError(f"the skinny GEMM is unavailable: {why}")
         if linear.weight.dtype != torch.float32:
             raise ValueError(f"the skinny GEMM runs float32 only, not {linear.weight.dtype}")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight  # kept for code that reads it (e.g. tied embeddings)
-        self.bias = linear.bias
+        _adopt(self, linear)
         padded = -self.out_features % 16  # the kernel works in blocks of 16 outputs
         with torch.no_grad():
             weight = linear.weight.detach()  # [out, in]
@@ -210,9 +215,9 @@ def bf16_dot_ready() -> tuple[bool, str]:
 class PairsLinear(torch.nn.Module):
     """`nn.Linear` of a bfloat16 model on AVX512_BF16 dot products (csrc/bf16_dot_gemm.cpp).
 
-    Every product of a bfloat16 input and weight is exact and every sum float32, in the same
-    order for each row whatever the number of rows (one row per task, sequential over the
-    inputs); the output is rounded to bfloat16 once, as PyTorch's bfloat16 linear does. So a row's
+    Every product of a bfloat16 input and weight is exact and every sum float32, each row's
+    over the inputs in one order whatever rows share its tile; the output is rounded to bfloat16
+    once, as PyTorch's bfloat16 linear does. So a row's
     result does not depend on the rows beside it: a tree forward gives each node the bits a
     one-token step would, which bfloat16 needs for speculation to be lossless (its logits tie often,
     and oneDNN's kernels, which change with the row count, broke such ties differently).
@@ -231,9 +236,7 @@ class PairsLinear(torch.nn.Module):
             raise ValueError(f"the bfloat16 dot-product GEMM is unavailable: {why}")
         if linear.weight.dtype != torch.bfloat16:
             raise ValueError(f"PairsLinear runs bfloat16 layers only, not {linear.weight.dtype}")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight  # kept for code that reads it (e.g. tied embeddings)
-        self.bias = linear.bias
+        _adopt(self, linear)
         with torch.no_grad():
             weight = linear.weight.detach()  # [out, in]
             padded = -self.out_features % 16  # the kernel works in blocks of 16 outputs
