@@ -79,7 +79,7 @@ def test_the_cost_curve_is_kept_per_verifier_option_and_kernels(smol, tmp_path):
     if skinny_available()[0]:  # keyed by their sources and attention kernel: a change re-measures
         from oilbird.tree_attention import attention_kernel
 
-        tag = f"@{source_key()}:{attention_kernel(1)}"
+        tag = f"@{source_key()}:{attention_kernel()}"
         assert sum("kernels=skinny/" in key and tag in key for key in keys) == 3
 
 

@@ -140,3 +140,10 @@ def test_attention_auto_takes_the_skinny_kernel_where_it_runs_and_says_why_not(s
     assert resolve_attention(ForwardConfig(), odd) == "tree"
     with pytest.raises(ValueError, match="head_dim 80" if SKINNY else "attention='tree'"):
         resolve_attention(ForwardConfig(attention="skinny"), odd)
+
+
+def test_an_impossible_kernel_choice_is_a_user_error_the_cli_prints():
+    from oilbird.errors import OilbirdError
+
+    with pytest.raises(OilbirdError, match="float32 or bfloat16.*Use gemm='auto'"):
+        resolve_gemm(ForwardConfig(gemm="skinny"), torch.device("cpu"), torch.float16)

@@ -192,18 +192,18 @@ def test_one_token_steps_and_the_prefill_go_to_the_kernel():
     assert torch.allclose(ours, ref, atol=2e-6, rtol=1e-5)
     # A prompt whose keys and values outgrow its kernel's CAUSAL_MAX_KV_BYTES per head goes to
     # SDPA, exactly (8193 keys on an AVX-512 build, whose prefills run the lanes kernel; 769 on AVX2).
-    keys = past_causal_limit(rows=9 // 3 * 769)
+    keys = past_causal_limit()
     long_key, long_value = torch.randn(2, 1, 3, keys, 64, generator=g)
     long_prefill = torch.randn(1, 9, keys, 64, generator=g)
     ours, _ = skinny_tree_attention(module, long_prefill, long_key, long_value, None)
     assert torch.equal(ours, sdpa_attention_forward(module, long_prefill, long_key, long_value, None)[0])
 
 
-def past_causal_limit(rows: int, head_dim: int = 64) -> int:
-    """The fewest keys whose causal forward of `rows` query rows leaves the kernel's causal mode here."""
+def past_causal_limit(head_dim: int = 64) -> int:
+    """The fewest keys whose causal forward leaves the kernel's causal mode here."""
     from oilbird.tree_attention import CAUSAL_MAX_KV_BYTES, attention_kernel
 
-    return CAUSAL_MAX_KV_BYTES[attention_kernel(rows)] // (2 * head_dim * 4) + 1
+    return CAUSAL_MAX_KV_BYTES[attention_kernel()] // (2 * head_dim * 4) + 1
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
@@ -214,11 +214,11 @@ def test_each_kernel_has_its_causal_limit():
     from oilbird.tree_attention import attention_kernel, causal_mode_fits
 
     lanes = isa() in ("AVX512", "AMX")
-    assert attention_kernel(3 * 100) == attention_kernel(3) == ("lanes" if lanes else "two-pass")
+    assert attention_kernel() == ("lanes" if lanes else "two-pass")  # at every row count
     keys = 8192 if lanes else 768
-    assert causal_mode_fits(keys, 64, rows=6) and not causal_mode_fits(keys + 1, 64, rows=6)
-    assert causal_mode_fits(4096, 64, rows=300) == lanes and causal_mode_fits(2048, 128, rows=300) == lanes
-    assert causal_mode_fits(8192, 64, rows=300) == lanes and not causal_mode_fits(8193, 64, rows=300)
+    assert causal_mode_fits(keys, 64) and not causal_mode_fits(keys + 1, 64)
+    assert causal_mode_fits(4096, 64) == lanes and causal_mode_fits(2048, 128) == lanes
+    assert causal_mode_fits(8192, 64) == lanes and not causal_mode_fits(8193, 64)
 
 
 @pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
@@ -287,7 +287,7 @@ def test_an_unmasked_prefill_over_a_cached_prefix_is_causal_lower_right(cached, 
     cached; 700 too on an AVX-512 build, past the two-pass kernel's limit on AVX2) and, past its
     kernel's CAUSAL_MAX_KV_BYTES (None: as many cached as that takes), on the masked path with the
     mask spelled out."""
-    cached = past_causal_limit(rows=3 * nodes) - nodes if cached is None else cached
+    cached = past_causal_limit() - nodes if cached is None else cached
     g = torch.Generator().manual_seed(cached)
     module = Attn(3)
     query = torch.randn(1, 9, nodes, 64, generator=g)

@@ -171,7 +171,7 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
     threads = threads or torch.get_num_threads()
     kernels = describe_kernels(verifier.model)
     if "skinny" in kernels:  # our kernels change with their sources and choice, not with their name
-        kernels += f"@{source_key()}:{attention_kernel(1)}"
+        kernels += f"@{source_key()}:{attention_kernel()}"
     options = (f"verify:top_k={verifier.config.top_k},kernels={kernels},head={verifier.head_kind},"
                f"fly={verifier.fly is not None and verifier.fly.entropy}")
     return (f"{Path(loaded.source).name}|{loaded.device}|cpu={host_cpu()}|threads={threads}|prefix={prefix_len}"

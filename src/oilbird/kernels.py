@@ -46,10 +46,18 @@ from dataclasses import dataclass
 
 import torch
 
+from oilbird.errors import ConfigError
 from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, SKINNY_HEAD_DIMS, TREE_ATTENTION
 
 GEMMS = ("auto", "skinny", "onednn", "default")
+
+
+class KernelChoiceError(ConfigError, ValueError):
+    """A `--gemm` or `--attention` this model's device or dtype cannot run (the CLI prints it as
+    an error, not a traceback; a ValueError to Python callers)."""
+
+
 ATTENTIONS = ("auto", "skinny", "tree", "sdpa")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -101,7 +109,7 @@ def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype
     """
     onednn = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_available()
     if config.gemm == "onednn" and not onednn:
-        raise ValueError(f"gemm='onednn' needs a CPU model in float32 or bfloat16 and a PyTorch "
+        raise KernelChoiceError(f"gemm='onednn' needs a CPU model in float32 or bfloat16 and a PyTorch "
                          f"build with oneDNN; this model is {dtype} on {device.type}. "
                          "Use gemm='default' (or 'auto').")
     if config.gemm in ("skinny", "auto") and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
@@ -109,9 +117,9 @@ def resolve_gemm(config: ForwardConfig, device: torch.device, dtype: torch.dtype
         if ok:
             return "skinny"
         if config.gemm == "skinny":
-            raise ValueError(f"gemm='skinny' cannot run here: {why}. Use gemm='onednn' (or 'auto').")
+            raise KernelChoiceError(f"gemm='skinny' cannot run here: {why}. Use gemm='onednn' (or 'auto').")
     elif config.gemm == "skinny":
-        raise ValueError(f"gemm='skinny' needs a CPU model in float32 or bfloat16; this model is {dtype} "
+        raise KernelChoiceError(f"gemm='skinny' needs a CPU model in float32 or bfloat16; this model is {dtype} "
                          f"on {device.type}. Use gemm='auto'.")
     if config.gemm == "auto":
         return "onednn" if onednn else "default"
@@ -137,7 +145,7 @@ def resolve_attention(config: ForwardConfig, model: torch.nn.Module) -> str:
     elif head_dim not in SKINNY_HEAD_DIMS:
         ok, why = False, f"head_dim {head_dim} is not one of {SKINNY_HEAD_DIMS}"
     if not ok and config.attention == "skinny":
-        raise ValueError(f"attention='skinny' cannot run here: {why}. Use attention='tree' (or 'auto').")
+        raise KernelChoiceError(f"attention='skinny' cannot run here: {why}. Use attention='tree' (or 'auto').")
     return "skinny" if ok else "tree"
 
 

@@ -39,6 +39,8 @@ own copy of the model, never on the caller's.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -102,19 +104,21 @@ AVX2 builds run it at every size (the faster there, docs/RESULTS.md) and are exa
 rounding only. On SmolLM2 one-token steps 'lanes' costs ~1% more than 'two-pass' did (stop 41)."""
 
 
-def attention_kernel(rows: int) -> str:
-    """The kernel a forward of `rows` query rows (a group's heads x the tokens) runs on here:
-    `INVARIANT_KERNEL` where the build runs it from some row count on (AVX-512), else the
-    module's own choice, 'two-pass' where there is no module."""
+@lru_cache(maxsize=1)
+def attention_kernel() -> str:
+    """The kernel every forward runs on here, whatever its rows: `INVARIANT_KERNEL` on AVX-512
+    builds, 'two-pass' on AVX2 builds and where there is no module (built once per process:
+    every layer of every forward asks)."""
     if not skinny_available()[0]:
         return "two-pass"
-    return INVARIANT_KERNEL if kernels().default_kernel(1 << 20) == INVARIANT_KERNEL else kernels().default_kernel(rows)
+    build = kernels().default_kernel(1 << 20)  # the module's choice for many rows: 'lanes' where it has it
+    return INVARIANT_KERNEL if build == INVARIANT_KERNEL else "two-pass"
 
 
-def causal_mode_fits(keys: int, head_dim: int, element_size: int = 4, rows: int = 1) -> bool:
-    """Whether a causal forward of `rows` query rows over `keys` keys runs the kernel's causal mode
-    (`CAUSAL_MAX_KV_BYTES` of the kernel `attention_kernel(rows)` picks)."""
-    return 2 * keys * head_dim * element_size <= CAUSAL_MAX_KV_BYTES[attention_kernel(rows)]
+def causal_mode_fits(keys: int, head_dim: int, element_size: int = 4) -> bool:
+    """Whether a causal forward over `keys` keys runs the kernel's causal mode
+    (`CAUSAL_MAX_KV_BYTES` of `attention_kernel()`)."""
+    return 2 * keys * head_dim * element_size <= CAUSAL_MAX_KV_BYTES[attention_kernel()]
 
 
 def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
@@ -138,9 +142,7 @@ def prefix_causal_mask(batch_size: int, q_length: int, kv_length: int, q_offset:
     config = kwargs.get("config")
     head_dim = getattr(config, "head_dim", None) or (
         config.hidden_size // config.num_attention_heads if config is not None else None)
-    heads = getattr(config, "num_attention_heads", None)
-    group = heads // (getattr(config, "num_key_value_heads", None) or heads) if heads else 1
-    plain = (head_dim is not None and causal_mode_fits(kv_length, head_dim, rows=group * q_length)
+    plain = (head_dim is not None and causal_mode_fits(kv_length, head_dim)
              and batch_size == 1 and kv_offset == 0 and allow_is_causal_skip
              and mask_function is causal_mask_function and kwargs.get("local_size") is None
              and kv_length == int(q_offset) + q_length
@@ -163,8 +165,7 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     # Without a mask a forward of several tokens is causal (a prefill, perhaps over a cached
     # prefix: `prefix_causal_mask`): the kernel's causal mode, lower-right aligned.
     causal = attention_mask is None and query.shape[2] > 1
-    rows = query.shape[1] // key.shape[1] * query.shape[2]  # a group's heads x the tokens
-    too_long = causal and not causal_mode_fits(key.shape[2], key.shape[3], 4, rows)  # float32 on the kernel
+    too_long = causal and not causal_mode_fits(key.shape[2], key.shape[3], 4)  # float32 on the kernel
     covered = (query.shape[0] == 1 and not dropout and query.dtype in (torch.float32, torch.bfloat16)
                and query.device.type == "cpu" and query.shape[-1] in SKINNY_HEAD_DIMS
                and kwargs.get("s_aux") is None)
@@ -181,7 +182,7 @@ def skinny_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
         attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill_(
             ~attention_mask, torch.finfo(query.dtype).min)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    kernel = attention_kernel(rows)
+    kernel = attention_kernel()
     if query.dtype == torch.bfloat16:
         # On the float32 kernel: inputs widened (exact; the verifier keeps such a model's cache in
         # float32 already), the output rounded to bfloat16 once.
