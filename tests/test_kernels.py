@@ -6,7 +6,7 @@ import torch
 
 from oilbird.kernels import (ForwardConfig, PackedLinear, describe_kernels, onednn_available,
                              resolve_gemm, tree_model)
-from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, skinny_available
+from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, kernels, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, TREE_ATTENTION
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
@@ -34,6 +34,28 @@ def test_packed_layers_compute_the_linear(layer, rows, bias):
     with torch.inference_mode():  # a non-contiguous input is read right
         wide = torch.randn(rows, 192, generator=g)[:, ::2]
         assert torch.allclose(layer(linear)(wide), linear(wide), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"no skinny GEMM here: {skinny_available()[1]}")
+@pytest.mark.parametrize("outputs", [192, 300, 576])  # 12 blocks of 16, 19 (padded), 36
+def test_skinny_linear_gives_a_row_the_same_bits_whatever_shares_the_call(outputs):
+    # The kernel picks its group width and tiles by the row count, the output count and the
+    # threads; a row's sum must not change with any of them (a tree node = the one-token step).
+    g = torch.Generator().manual_seed(outputs)
+    layer = SkinnyLinear(torch.nn.Linear(576, outputs))
+    x = torch.randn(40, 576, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            torch.set_num_threads(1)
+            reference = layer(x)  # [40, outputs]
+            for n in (2, 3):
+                torch.set_num_threads(n)
+                assert torch.equal(layer(x), reference)
+                for rows in range(1, 17):
+                    assert torch.equal(layer(x[7:7 + rows]), reference[7:7 + rows])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_skinny_linear_refuses_what_it_cannot_run():
@@ -72,6 +94,10 @@ def test_pairs_linear_rounds_like_bfloat16_and_gives_each_row_the_same_bits(bias
         for rows in (1, 3, 13, 40):
             assert torch.equal(layer(x[:, :rows]), ours[:, :rows])
         assert torch.equal(layer(x[:, 50:51]), ours[:, 50:51])
+        # the kernel takes the bfloat16 rows as they are or their float32 widening: the same bits
+        rows = torch.nn.functional.pad(x[0], (0, 1))  # [64, 98]: the packed weight's even width
+        assert torch.equal(kernels().linear_pairs(rows, layer.packed),
+                           kernels().linear_pairs(rows.float(), layer.packed))
     with pytest.raises(ValueError, match="bfloat16 layers only"):
         PairsLinear(torch.nn.Linear(16, 16))
 

@@ -247,7 +247,7 @@ class PairsLinear(torch.nn.Module):
             self.register_buffer("bias_f32", bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] bfloat16 -> [..., out] bfloat16
-        rows = x.reshape(-1, self.in_features).float()  # [M, in], exact: the kernel rounds it back
+        rows = x.reshape(-1, self.in_features)  # [M, in] bfloat16, taken as it is by the kernel
         out = kernels().linear_pairs(rows, self.packed)  # [M, out padded] float32
         if out.shape[1] != self.out_features:
             out = out[:, : self.out_features]

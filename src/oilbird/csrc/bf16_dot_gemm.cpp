@@ -78,18 +78,21 @@ constexpr BlockFn kBlocks[kRows + 1] = {nullptr, dot_block<1, NB>, dot_block<2, 
 }  // namespace
 #endif
 
-// x [M, K] float32 (rounded to bfloat16 here), packed [N/16, K/2, 32] -> y [M, N] float32.
+// x [M, K] float32 (rounded to bfloat16 here) or bfloat16, packed [N/16, K/2, 32] -> y [M, N] float32.
 torch::Tensor linear_pairs(const torch::Tensor& x, const torch::Tensor& packed) {
   TORCH_CHECK(bf16_dot_available(), "linear_pairs: built without AVX512_BF16");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "linear_pairs: x must be 2-D float32");
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16),
+              "linear_pairs: x must be 2-D float32 or bfloat16");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 32 && packed.scalar_type() == torch::kBFloat16,
               "linear_pairs: a weight packed by pack_pairs");
   const int64_t M = x.size(0), K2 = packed.size(1), N = packed.size(0) * 16;
   TORCH_CHECK((x.size(1) + 1) / 2 == K2, "linear_pairs: x has ", x.size(1), " features, the weight ", 2 * K2);
-  auto xb = x.to(torch::kBFloat16);  // round to nearest even
+  // A bfloat16 model's activations come as they are; float32 ones (the certified head's hidden
+  // state) are rounded to nearest even.
+  auto xb = x.scalar_type() == torch::kBFloat16 ? x : x.to(torch::kBFloat16);
   if (x.size(1) % 2) xb = torch::cat({xb, xb.new_zeros({M, 1})}, 1);
   xb = xb.contiguous();  // [M, 2 K2]: each row's pairs as uint32
-  auto y = torch::empty({M, N}, x.options());
+  auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat32));
 #if defined(__AVX512BF16__)
   const auto* xp = reinterpret_cast<const uint32_t*>(xb.data_ptr<at::BFloat16>());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());

@@ -18,6 +18,11 @@ constexpr int64_t kBlock = 16;                // outputs per packed block (one 6
 constexpr int kPer = kBlock / v::kLanes;      // registers per block: 1 (AVX-512) or 2 (AVX2)
 // Rows that one pass over the weights serves without spilling accumulators: 12 or 6.
 constexpr int kShortRows = std::min(12, v::kAccumulators / kPer);
+// Rows that the one-pass kernel serves: up to 14 on AVX-512 (two blocks of 14 rows fill the 28
+// accumulators; faster than two tiles of 7 from the tall kernel, 4-7% over a SmolLM2 forward's
+// layers, scripts/kernel_ab.py), kShortRows on AVX2. Not 15-16: a single block per pass needs a
+// broadcast per FMA and was 8% slower than the tall kernel's two tiles of 8.
+constexpr int kOnePassRows = std::min(14, v::kAccumulators / kPer);
 // Blocks per tile of kShortRows rows in the tall kernel: 2 (24 accumulators) or 1 (12).
 constexpr int kTallBlocks = std::max(1, v::kAccumulators / (kShortRows * kPer));
 
@@ -59,26 +64,47 @@ void block(const float* x, const Wt* wp, float* y, int64_t K, int64_t N, int64_t
     }
 }
 
-// Up to kShortRows rows: one pass over the weights, NB blocks at a time (NB x M registers of
-// accumulators within the budget, so a row count's registers never spill), the blocks split
-// across threads.
-template <typename Wt, int M>
-void short_rows(const float* x, const Wt* wp, float* y, int64_t K, int64_t N, const float* bias) {
-  constexpr int NB = std::max(1, std::min(4, v::kAccumulators / (M * kPer)));
+// NB blocks of 16 outputs at a time, the groups split across threads; the blocks left over
+// (N/16 not a multiple of NB) one at a time on the calling thread.
+template <typename Wt, int M, int NB>
+void spread(const float* x, const Wt* wp, float* y, int64_t K, int64_t N, const float* bias) {
   const int64_t blocks = N / kBlock, groups = blocks / NB;
-  at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) block<Wt, M, NB>(x, wp, y, K, N, g * NB, bias);
   });
   for (int64_t nb = groups * NB; nb < blocks; ++nb) block<Wt, M, 1>(x, wp, y, K, N, nb, bias);
 }
 
+// Up to kOnePassRows rows: one pass over the weights, NB blocks at a time (NB x M registers of
+// accumulators within the budget, so a row count's registers never spill), the blocks split
+// across threads. A small weight in groups of the widest NB leaves threads idle (SmolLM2's k and
+// v projections: 12 blocks made 3 groups of 4, and one thread read all of them; its 36-block q
+// and o split 5 groups against 4), so the group width is the widest of NB, 2 and 1 whose busiest
+// thread reads the fewest blocks. Every output's sum is the same sequence of FMAs over k whatever
+// its group or thread, so the width changes no bit.
+template <typename Wt, int M>
+void short_rows(const float* x, const Wt* wp, float* y, int64_t K, int64_t N, const float* bias) {
+  constexpr int NB = std::max(1, std::min(4, v::kAccumulators / (M * kPer)));
+  const int64_t blocks = N / kBlock, threads = std::max(1, at::get_num_threads());
+  auto busiest = [&](int64_t nb) { return (blocks / nb + threads - 1) / threads * nb + blocks % nb; };
+  if constexpr (NB > 2) {
+    if (busiest(2) < busiest(NB) && busiest(2) <= busiest(1)) return spread<Wt, M, 2>(x, wp, y, K, N, bias);
+  }
+  if constexpr (NB > 1) {
+    if (busiest(1) < busiest(NB) && (NB <= 2 || busiest(1) < busiest(2)))
+      return spread<Wt, M, 1>(x, wp, y, K, N, bias);
+  }
+  spread<Wt, M, NB>(x, wp, y, K, N, bias);
+}
+
 template <typename Wt>
 using ShortFn = void (*)(const float*, const Wt*, float*, int64_t, int64_t, const float*);
 template <typename Wt>
-constexpr ShortFn<Wt> kShort[13] = {nullptr, short_rows<Wt, 1>, short_rows<Wt, 2>, short_rows<Wt, 3>,
+constexpr ShortFn<Wt> kShort[15] = {nullptr, short_rows<Wt, 1>, short_rows<Wt, 2>, short_rows<Wt, 3>,
                                     short_rows<Wt, 4>, short_rows<Wt, 5>, short_rows<Wt, 6>,
                                     short_rows<Wt, 7>, short_rows<Wt, 8>, short_rows<Wt, 9>,
-                                    short_rows<Wt, 10>, short_rows<Wt, 11>, short_rows<Wt, 12>};
+                                    short_rows<Wt, 10>, short_rows<Wt, 11>, short_rows<Wt, 12>,
+                                    short_rows<Wt, 13>, short_rows<Wt, 14>};
 
 template <typename Wt>
 using TileFn = void (*)(const float*, const Wt*, float*, int64_t, int64_t, int64_t, const float*,
@@ -124,7 +150,7 @@ void tall_rows(const float* x, const Wt* wp, float* y, int64_t M, int64_t K, int
 // y[M, N] = x[M, K] @ W^T (+ bias), W packed [N/16][K][16] (float32 or bfloat16), all contiguous.
 template <typename Wt>
 void gemm(const float* x, const Wt* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
-  if (M > kShortRows) {
+  if (M > kOnePassRows) {
     tall_rows<Wt>(x, wp, y, M, K, N, bias);
   } else if (M > 0) {
     kShort<Wt>[M](x, wp, y, K, N, bias);
