@@ -144,7 +144,7 @@ def test_output_equals_greedy_on_api_bank(serve_api_bank, method):
 
 
 @pytest.mark.parametrize("overrides", [dict(sem_layer=0), dict(sem_granularity="request"),
-                                       dict(sem_key_dtype="int8", sem_index="faiss")])
+                                       dict(sem_key_dtype="int8", sem_index="lists")])
 def test_ablations_stay_lossless(serve_api_bank, overrides):
     serve_api_bank(make_drafter("oilbird", OilbirdConfig(**overrides)), node_budget=32)
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from oilbird.semantic_store import ANN_ROWS_PER_SEARCH, KeyMatrix, RejectedPool, TraceStore, normalize
+from oilbird.semantic_index import SYNC_ROWS_PER_SEARCH
+from oilbird.semantic_store import KeyMatrix, RejectedPool, TraceStore, normalize
 
 
 def basis(i: int, dim: int = 8) -> torch.Tensor:
@@ -49,41 +50,64 @@ def test_store_evicts_oldest_requests_first():
     assert store.value(0, 10, len(store)) == store.tokens[1:4]
 
 
-def test_faiss_index_agrees_with_exact_search():
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_the_lists_find_every_stored_key_and_respect_visibility(dtype):
+    # A stored key's nearest centroid is the list it was filed under, so querying it probes that
+    # list first: the lists always find a record's own key, whatever else they miss.
     gen = torch.Generator().manual_seed(1)
-    keys = torch.randn(500, 16, generator=gen)
-    exact, ann = TraceStore(16, index="exact"), TraceStore(16, index="faiss")
-    for store in (exact, ann):
-        store.add(list(range(500)), keys)
-    for q in range(5):
-        query = normalize(torch.randn(1, 16, generator=gen))[0]
-        assert exact.search(query, 1, 500)[1] == ann.search(query, 1, 500)[1]
-    _, ids = ann.search(normalize(keys[499:500])[0], 3, before_id=499)
-    assert 499 not in ids and len(ids) == 3  # invisible records are filtered out of FAISS answers
+    keys = normalize(torch.randn(900, 16, generator=gen))
+    exact, lists = TraceStore(16, dtype=dtype, index="exact"), TraceStore(16, dtype=dtype, index="lists")
+    for store in (exact, lists):
+        store.add(list(range(900)), keys)
+    for q in range(0, 900, 37):
+        assert lists.search(keys[q], 1, 900)[1] == [q]
+    _, ids = lists.search(keys[899], 3, before_id=899)
+    assert 899 not in ids and len(ids) == 3  # invisible records never come back
+    sims, _ = lists.search(keys[5], 8, 900)
+    assert sims == sorted(sims, reverse=True)
+    assert sims[0] == pytest.approx(exact.search(keys[5], 1, 900)[0][0], abs=1e-3)  # int8: float32 vs float16 sums
 
 
-def test_the_faiss_index_is_built_a_few_rows_per_search_and_the_rest_searched_exactly():
+def test_the_lists_index_a_bounded_slice_per_search_and_the_rest_is_searched_exactly():
     gen = torch.Generator().manual_seed(2)
-    n = 3 * ANN_ROWS_PER_SEARCH + 17
+    n = 2 * SYNC_ROWS_PER_SEARCH + 17
     keys = normalize(torch.randn(n, 16, generator=gen))
-    exact, ann = TraceStore(16, index="exact"), TraceStore(16, index="faiss")
-    for store in (exact, ann):
+    exact, lists = TraceStore(16, index="exact"), TraceStore(16, index="lists")
+    for store in (exact, lists):
         store.add(list(range(n)), keys)
     probe = n - 5  # a record the first search cannot have indexed yet
-    sims, ids = ann.search(keys[probe], 3, before_id=n)
-    assert ann.ann.n == ANN_ROWS_PER_SEARCH  # one search indexed one slice, not the whole store
+    sims, ids = lists.search(keys[probe], 3, before_id=n)
+    assert lists.ann.indexed_rows(0) == SYNC_ROWS_PER_SEARCH  # one slice, not the whole store
     assert ids[0] == probe and sims[0] == pytest.approx(1.0, abs=1e-3)  # found by the exact tail
-    assert ids == exact.search(keys[probe], 3, before_id=n)[1]
-    assert ann.search(keys[probe], 3, before_id=probe)[1][0] != probe  # visibility still holds
-    for _ in range(n):
-        ann.search(keys[0], 1, before_id=n)
-        if ann.ann.n == n:
-            break
-    assert ann.ann.n == n  # caught up
+    assert lists.search(keys[probe], 3, before_id=probe)[1][0] != probe  # visibility still holds
+    for _ in range(3):
+        lists.search(keys[0], 1, before_id=n)
+    assert lists.ann.indexed_rows(0) == n  # caught up
     for q in range(0, n, 97):
-        assert ann.search(keys[q], 1, before_id=n)[1] == [q]
-    ann.add([0] * 3, keys[:3])  # new records: searched exactly until the next syncs index them
-    assert ann.search(keys[1], 1, before_id=n + 3)[1][0] in (1, n + 1)
+        assert lists.search(keys[q], 1, before_id=n)[1] == [q]
+    lists.add([0] * 3, keys[:3])  # new records: searched exactly until the next syncs index them
+    assert lists.search(keys[1], 1, before_id=n + 3)[1][0] in (1, n + 1)
+
+
+def test_the_lists_survive_eviction_without_a_rebuild():
+    # HNSW could not delete, so every eviction threw the index away and each search then read the
+    # whole store while it was rebuilt; the lists drop the evicted ids and go on.
+    gen = torch.Generator().manual_seed(3)
+    store = TraceStore(16, index="lists", max_records=600)
+    first = normalize(torch.randn(500, 16, generator=gen))
+    store.begin_request()
+    store.add(list(range(500)), first)
+    store.search(first[0], 1, before_id=500)  # trains and indexes all 500
+    index = store.ann
+    second = normalize(torch.randn(300, 16, generator=gen))
+    store.begin_request()
+    store.add(list(range(500, 800)), second)  # passes the cap: the first request goes
+    assert store.evicted_records == 500 and len(store) == 300
+    for q in range(0, 300, 23):
+        sims, ids = store.search(second[q], 2, before_id=800)
+        assert ids[0] == q and store.tokens[ids[0]] == 500 + q  # indices after the eviction
+    assert store.ann is index  # the same lists, not a new index
+    assert max(store.search(first[7], 5, before_id=800)[1]) < len(store)  # no evicted row comes back
 
 
 def test_rejected_pool_matches_the_anchor_token_and_the_watermark():

@@ -1,4 +1,4 @@
-"""The keys of the semantic memory: unit vectors in a growable matrix and their HNSW index.
+"""The keys of the semantic memory: unit vectors in a growable matrix, searched exactly.
 
 Contract (pure data structures; `oilbird.semantic_store` builds the tenant stores on them):
 - `normalize`: L2-normalized float32 rows; the store keys and queries by cosine.
@@ -7,8 +7,7 @@ Contract (pure data structures; `oilbird.semantic_store` builds the tenant store
 - `cosine_topk`: the top-k of a query over float16 key rows (a range, or listed rows): on a CPU
   our kernel (csrc/key_search.cpp: the keys widened in registers, float32 sums, one pass, ties to
   the lower row), else float32 scores and `torch.topk` on the CPU, a float16 matmul on a GPU.
-- `HNSWIndex`: a FAISS inner-product HNSW index over a KeyMatrix's first `n` rows, fed a bounded
-  number of rows per `sync` (`ANN_ROWS_PER_SEARCH`), so building it never stalls one search.
+The approximate index for large stores is `oilbird.semantic_index.ListIndex`.
 """
 
 from __future__ import annotations
@@ -18,14 +17,6 @@ import torch
 from oilbird.errors import ConfigError
 
 KEY_DTYPES = ("float16", "int8")
-ANN_ROWS_PER_SEARCH = 64
-"""Rows a search adds to the HNSW index at most, so no proposal builds the whole index. On a
-2-core AVX2 CPU at width 576 (`scripts/hnsw_build_cost.py`, docs/RESULTS.md): indexing 50,000
-rows at once took 28.8 s; adding 64 rows to that index 226 ms, the cost a search pays until the
-index has caught up; an exact search over the 50,000 rows, which covers the rows not indexed yet,
-5.2 ms. HNSW therefore pays only in stores far past 50,000 records (`sem_faiss_min_records`)."""
-
-
 _FALLBACK_CHUNK = 8192
 """Rows widened to float32 at once by the CPU fallback: a bounded temporary, whatever the store."""
 
@@ -167,35 +158,23 @@ class KeyMatrix:
             values, indices = top.values, top.indices + start
         return values.tolist(), indices.tolist()
 
+    def top_rows(self, query: torch.Tensor, k: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k of the listed `rows` [m] most similar to the unit `query`: (scores, positions in `rows`), best first."""
+        if self.kind == "float16":
+            return cosine_topk(self.keys, query, k, rows=rows)
+        scores = self.rows_at(rows) @ query.to(self.device, torch.float32)  # [m]
+        top = scores.topk(min(k, len(rows)))
+        return top.values, top.indices
+
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) as float32 [m, d] (dequantized)."""
         rows = self.keys[start:stop].float()
         return rows * self.scales[start:stop, None] if self.kind == "int8" else rows
 
+    def rows_at(self, indices: torch.Tensor) -> torch.Tensor:
+        """The rows at `indices` [m] as float32 [m, d] (dequantized)."""
+        rows = self.keys[indices].float()
+        return rows * self.scales[indices, None] if self.kind == "int8" else rows
+
     def bytes_per_row(self) -> int:
         return self.dim * self.keys.element_size() + (4 if self.kind == "int8" else 0)
-
-
-class HNSWIndex:
-    """A FAISS HNSW inner-product index over a KeyMatrix's rows, kept in step by `sync`."""
-
-    def __init__(self, dim: int, m: int = 32, ef_search: int = 64) -> None:
-        import faiss  # optional at import time; the dependency is installed with the package
-
-        self.index = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
-        self.index.hnsw.efSearch = ef_search
-        self.n = 0
-
-    def sync(self, keys: KeyMatrix, most: int) -> None:
-        """Index up to `most` of the rows the index does not hold yet (the oldest first)."""
-        stop = min(keys.n, self.n + most)
-        if stop > self.n:
-            self.index.add(keys.rows(self.n, stop).cpu().numpy())
-            self.n = stop
-
-    def search(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        sims, ids = self.index.search(query.float().cpu().numpy()[None], k)  # [1, k] each
-        return torch.from_numpy(sims[0]), torch.from_numpy(ids[0])
-
-    def bytes(self, dim: int) -> int:
-        return self.n * (4 * dim + 2 * 32 * 4)  # float32 copy + level-0 links

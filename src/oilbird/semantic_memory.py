@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from oilbird.semantic_merge import Calibrator
-from oilbird.semantic_store import KEY_DTYPES, RejectedPool, TraceStore
+from oilbird.semantic_store import INDEX_MODES, KEY_DTYPES, RejectedPool, TraceStore
 
 
 @dataclass
@@ -50,9 +50,13 @@ class SemanticConfig:
     sem_max_records: int = 1_000_000
     """Records kept per tenant in the trace store; beyond it the oldest requests are evicted first."""
     sem_index: str = "auto"
-    """Nearest-neighbor search: 'exact' (one pass over the keys on the model's device: our kernel on a CPU, a matmul on a GPU), 'faiss' (HNSW, CPU) or 'auto' (FAISS on a CPU once the store holds sem_faiss_min_records)."""
-    sem_faiss_min_records: int = 250_000
-    """The exact/FAISS crossover for 'auto': HNSW upkeep (1-4 ms per added record at width 576 on a 2-core AVX2 CPU, scripts/hnsw_build_cost.py) beats exact search (5-10 ms at 50k records with the float16 matmul before stop 39; less on our kernel since) only in stores of a few hundred thousand (docs/RESULTS.md)."""
+    """Nearest-neighbor search: 'exact' (one pass over the keys on the model's device: our kernel on a CPU, a matmul on a GPU), 'lists' (inverted lists: the keys of the 8 of 256 lists nearest the query, scored exactly; oilbird/semantic_index.py) or 'auto' (lists on a CPU once the store holds sem_index_min_records)."""
+    sem_index_lists: int = 256
+    """'lists': centroids (and inverted lists) of the index, trained once per tenant store."""
+    sem_index_probes: int = 8
+    """'lists': lists searched per query; more finds more of the exact neighbors and reads more keys."""
+    sem_index_min_records: int = 32_768
+    """Where 'auto' moves from exact search to the lists: exact search reads every key at every proposal (about 1 ms per 30,000 records on one core), the lists a few percent of them, at a recall measured by scripts/retrieval_crossover.py (docs/RESULTS.md)."""
     sem_rejected_pool: bool = True
     """Keep and search the rejected-branch pool."""
     sem_rejected_capacity: int = 4096
@@ -73,8 +77,11 @@ class SemanticConfig:
             raise ValueError(f"sem_granularity must be 'position' or 'request', got {self.sem_granularity!r}")
         if self.sem_key_dtype not in KEY_DTYPES:
             raise ValueError(f"sem_key_dtype must be one of {KEY_DTYPES}, got {self.sem_key_dtype!r}")
-        if self.sem_index not in ("exact", "faiss", "auto"):
-            raise ValueError(f"sem_index must be 'exact', 'faiss' or 'auto', got {self.sem_index!r}")
+        if self.sem_index not in INDEX_MODES:
+            raise ValueError(f"sem_index must be one of {INDEX_MODES}, got {self.sem_index!r}")
+        if not 1 <= self.sem_index_probes <= self.sem_index_lists:
+            raise ValueError(f"need 1 <= sem_index_probes <= sem_index_lists, "
+                             f"got {self.sem_index_probes} and {self.sem_index_lists}")
         if not -1.0 <= self.sem_theta < 1.0:
             raise ValueError(f"sem_theta must be in [-1, 1), got {self.sem_theta}")
         if min(self.sem_top_k, self.sem_max_depth, self.sem_max_records, self.sem_rejected_depth) < 1:
@@ -106,7 +113,8 @@ class SemanticMemory:
             cfg = self.config
             dim, device = states.shape[-1], states.device
             self.store = TraceStore(dim, device, cfg.sem_key_dtype, cfg.sem_max_records,
-                                    cfg.sem_index, cfg.sem_faiss_min_records)
+                                    cfg.sem_index, cfg.sem_index_min_records,
+                                    cfg.sem_index_lists, cfg.sem_index_probes)
             self.pool = RejectedPool(cfg.sem_rejected_capacity if cfg.sem_rejected_pool else 0, dim, device)
         return self.store
 

@@ -13,10 +13,11 @@ Contract (pure data structures, independent of any drafter):
   another request's records intervene. Cap: `max_records`; an `add` that passes it evicts the
   oldest segments first (whole ones where a boundary allows), down to 90% of the cap. Exact
   cosine search is one pass over the keys (`semantic_keys.cosine_topk`: our kernel on a CPU, a
-  matmul on a GPU); past a size threshold a FAISS HNSW index answers instead (CPU only). The
-  index is built a bounded number of rows per search (`ANN_ROWS_PER_SEARCH`), never all at once
-  inside one proposal; rows it does not hold yet are searched exactly and the
-  two answers merged, so a search is never worse than the exact one over the rows not indexed.
+  matmul on a GPU); past a size threshold an inverted-list index answers instead
+  (`semantic_index.ListIndex`: the keys of a few lists near the query, scored exactly). It is
+  trained once, fed a bounded number of rows per search, never all at once inside one proposal,
+  and keeps its lists through evictions; rows it does not hold yet are searched exactly and the
+  two answers merged.
 - `RejectedPool`: one tenant's ring buffer of what verification rejected. Record: key = the state
   at a rejected node's parent, token = the rejected node's token, value = the continuation the
   model endorsed from that node in the same forward. It only answers queries whose anchor equals
@@ -39,9 +40,11 @@ from typing import Hashable
 import torch
 
 from oilbird.errors import ConfigError
-from oilbird.semantic_keys import ANN_ROWS_PER_SEARCH, KEY_DTYPES, HNSWIndex, KeyMatrix, cosine_topk, normalize
+from oilbird.semantic_index import ListIndex
+from oilbird.semantic_keys import KEY_DTYPES, KeyMatrix, cosine_topk, normalize
 
-__all__ = ["ANN_ROWS_PER_SEARCH", "KEY_DTYPES", "KeyMatrix", "RejectedPool", "TraceStore", "normalize"]
+__all__ = ["KEY_DTYPES", "KeyMatrix", "RejectedPool", "TraceStore", "normalize"]
+INDEX_MODES = ("exact", "lists", "auto")
 
 
 class TraceStore:
@@ -52,8 +55,9 @@ class TraceStore:
         device: where the keys live (the model's device).
         dtype: "float16" or "int8".
         max_records: cap; past it the oldest segments are evicted first, down to 90% of it.
-        index: "exact", "faiss" or "auto" (FAISS once `faiss_min_records` records, on a CPU).
-        faiss_min_records: the exact/FAISS crossover for "auto".
+        index: "exact", "lists" (`ListIndex`) or "auto" (lists once `index_min_records` records, on a CPU).
+        index_min_records: where "auto" starts using the lists.
+        index_lists, index_probes: the lists' centroids and the lists searched per query.
 
     Raises:
         ConfigError: for an unknown index or key dtype.
@@ -61,16 +65,17 @@ class TraceStore:
 
     def __init__(self, dim: int, device: torch.device | str = "cpu", dtype: str = "float16",
                  max_records: int = 1_000_000, index: str = "auto",
-                 faiss_min_records: int = 250_000) -> None:
-        if index not in ("exact", "faiss", "auto"):
-            raise ConfigError(f"index must be 'exact', 'faiss' or 'auto', got {index!r}")
+                 index_min_records: int = 32_768, index_lists: int = 256, index_probes: int = 8) -> None:
+        if index not in INDEX_MODES:
+            raise ConfigError(f"index must be one of {INDEX_MODES}, got {index!r}")
         self.keys = KeyMatrix(dim, device, dtype)
         self.tokens: list[int] = []
         self.starts: list[int] = []  # index of the first record of each segment, ascending, distinct
         self.owners: list[Hashable] = []  # the owner of each segment (a request id; None: anonymous)
         self.max_records = max_records
-        self.index_mode, self.faiss_min_records = index, faiss_min_records
-        self.ann: HNSWIndex | None = None
+        self.index_mode, self.index_min_records = index, index_min_records
+        self.index_lists, self.index_probes = index_lists, index_probes
+        self.ann: ListIndex | None = None
         self.evicted_records = 0
 
     def __len__(self) -> int:
@@ -145,7 +150,8 @@ class TraceStore:
         self.starts = [0] + [s - cut for s in self.starts[head + 1:]]  # the head may be cut mid-way
         self.owners = self.owners[head:]
         self.evicted_records += cut
-        self.ann = None  # HNSW cannot delete; rebuilt over the next searches that want it
+        if self.ann is not None:
+            self.ann.drop_below(self.evicted_records)
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -160,11 +166,11 @@ class TraceStore:
         end = min(self.segment_end(record), visible_end, record + 1 + length)
         return self.tokens[record + 1:end]
 
-    def uses_faiss(self) -> bool:
-        if self.index_mode == "faiss":
-            return True
-        return (self.index_mode == "auto" and self.keys.device.type == "cpu"
-                and len(self) >= self.faiss_min_records)
+    def uses_index(self) -> bool:
+        """Whether searches go through the inverted lists (trained on the first that does). 'auto'
+        keeps exact search on a GPU, where one matmul reads even a full store in well under a millisecond."""
+        return self.index_mode == "lists" or (self.index_mode == "auto" and self.keys.device.type == "cpu"
+                                              and len(self) >= self.index_min_records)
 
     def search(self, query: torch.Tensor, k: int, before_id: int) -> tuple[list[float], list[int]]:
         """Top-k records with an id below `before_id`, by cosine with the unit `query` [d].
@@ -180,34 +186,30 @@ class TraceStore:
         visible = self.count_before(before_id)  # ids -> indices, now, after any eviction
         if visible <= 0 or k <= 0:
             return [], []
-        if self.uses_faiss():
+        if self.uses_index():
             if self.ann is None:
-                self.ann = HNSWIndex(self.keys.dim)
-            self.ann.sync(self.keys, ANN_ROWS_PER_SEARCH)
+                self.ann = ListIndex(self.index_lists, self.index_probes)
+                self.ann.train(self.keys)
+            self.ann.sync(self.keys, self.evicted_records)
             return self._ann_search(query, k, visible)
         return self.keys.top(query, k, 0, visible)
 
     def _ann_search(self, query: torch.Tensor, k: int, visible: int) -> tuple[list[float], list[int]]:
-        """HNSW over the indexed rows merged with exact search over the visible rows not indexed yet."""
-        found: list[tuple[float, int]] = []
-        indexed = min(self.ann.n, visible)
-        if indexed > 0:
-            hidden_after = self.ann.n - indexed  # indexed rows the caller may not see yet
-            sims, ids = self.ann.search(query, k + hidden_after)
-            found = [(s, i) for s, i in zip(sims.tolist(), ids.tolist()) if 0 <= i < visible][:k]
+        """The lists over the indexed rows merged with exact search over the visible rows not indexed yet."""
+        indexed = min(self.ann.indexed_rows(self.evicted_records), visible)
+        sims, rows = self.ann.search(self.keys, query, k, self.evicted_records, indexed)
         if indexed < visible:
-            sims, rows = self.keys.top(query, k, indexed, visible)
-            found += list(zip(sims, rows))
-            found.sort(key=lambda pair: -pair[0])
-        found = found[:k]
-        return [s for s, _ in found], [i for _, i in found]
+            more = self.keys.top(query, k, indexed, visible)
+            found = sorted(zip(sims + more[0], rows + more[1]), key=lambda pair: -pair[0])[:k]
+            sims, rows = [s for s, _ in found], [r for _, r in found]
+        return sims, rows
 
     def bytes_per_record(self) -> int:
         """Key bytes plus the token id (a Python int slot)."""
         return self.keys.bytes_per_row() + 8
 
     def memory_bytes(self) -> int:
-        ann = self.ann.bytes(self.keys.dim) if self.ann is not None else 0
+        ann = self.ann.bytes() if self.ann is not None else 0
         return len(self) * self.bytes_per_record() + ann
 
 

@@ -237,4 +237,5 @@ def semantic_stats(recs: list[dict], cycle_s: float | None) -> dict | None:
                 paid_nodes=sum(s["sem_paid"] for s in stats),
                 paid_accepted=sum(s["sem_paid_accepted"] for s in stats),
                 store_records=stats[-1]["store_records"], bytes_per_record=stats[-1]["bytes_per_record"],
-                theta_end=stats[-1].get("theta"), faiss=any(s.get("faiss") for s in stats))
+                theta_end=stats[-1].get("theta"), lists=any(s.get("lists") for s in stats),
+                faiss=any(s.get("faiss") for s in stats))  # runs before stop 42 searched by FAISS HNSW

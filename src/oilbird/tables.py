@@ -150,7 +150,7 @@ def _semantic_lines(rows: list[dict]) -> list[str]:
             f"{s['harvest_ms_per_cycle']:.2f} ms ({100 * s['share_of_cycle']:.1f}% of the cycle); "
             f"{s['paid_nodes']} nodes paid, {100 * s['paid_accepted'] / max(1, s['paid_nodes']):.1f}% "
             f"accepted; store {s['store_records']} records x {s['bytes_per_record']} B"
-            + (" (FAISS)" if s["faiss"] else ""))
+            + (" (inverted lists)" if s.get("lists") else "") + (" (FAISS)" if s.get("faiss") else ""))
     return lines
 
 

@@ -53,7 +53,7 @@ inline float dot(const at::Half* key, const float* q, int64_t d) {
 }
 
 // Top-k of the scores of `count` rows, row i being keys[row(i)]; positions i in the result.
-template <typename RowOf>
+template <int64_t kAhead, typename RowOf>
 std::tuple<torch::Tensor, torch::Tensor> search(const torch::Tensor& keys, const torch::Tensor& query,
                                                 int64_t count, int64_t k, RowOf row_of) {
   TORCH_CHECK(keys.dim() == 2 && keys.scalar_type() == torch::kHalf && keys.stride(1) == 1,
@@ -78,7 +78,15 @@ std::tuple<torch::Tensor, torch::Tensor> search(const torch::Tensor& keys, const
     std::vector<float> scores(kBlock);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t first = b * kBlock, n = std::min(kBlock, count - first);
-      for (int64_t i = 0; i < n; ++i) scores[i] = dot(base + row_of(first + i) * ld, qp, d);
+      for (int64_t i = 0; i < n; ++i) {
+        // Listed rows are scattered (the inverted lists', the rejected pool's): fetch a row a few
+        // ahead whole, so its lines come from memory while this one is summed.
+        if (kAhead > 0 && i + kAhead < n) {
+          const char* next = reinterpret_cast<const char*>(base + row_of(first + i + kAhead) * ld);
+          for (int64_t byte = 0; byte < d * 2; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T0);
+        }
+        scores[i] = dot(base + row_of(first + i) * ld, qp, d);
+      }
       const int64_t kk = std::min(k, n);
       oilbird::row_topk(scores.data(), n, kk, block_vals.data() + b * k, block_ids.data() + b * k);
       for (int64_t i = 0; i < kk; ++i) block_ids[b * k + i] += first;
@@ -107,7 +115,7 @@ std::tuple<torch::Tensor, torch::Tensor> search(const torch::Tensor& keys, const
 std::tuple<torch::Tensor, torch::Tensor> key_topk(const torch::Tensor& keys, const torch::Tensor& query,
                                                   int64_t start, int64_t stop, int64_t k) {
   TORCH_CHECK(0 <= start && start <= stop && stop <= keys.size(0), "key_topk: rows out of range");
-  auto [vals, pos] = search(keys, query, stop - start, k, [start](int64_t i) { return start + i; });
+  auto [vals, pos] = search<0>(keys, query, stop - start, k, [start](int64_t i) { return start + i; });
   return {vals, pos + start};
 }
 
@@ -119,5 +127,5 @@ std::tuple<torch::Tensor, torch::Tensor> key_topk_rows(const torch::Tensor& keys
   const int64_t* rp = r.data_ptr<int64_t>();
   const int64_t n = keys.size(0);
   for (int64_t i = 0; i < r.size(0); ++i) TORCH_CHECK(0 <= rp[i] && rp[i] < n, "key_topk_rows: row out of range");
-  return search(keys, query, r.size(0), k, [rp](int64_t i) { return rp[i]; });
+  return search<4>(keys, query, r.size(0), k, [rp](int64_t i) { return rp[i]; });
 }

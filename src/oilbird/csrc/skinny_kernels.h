@@ -19,9 +19,9 @@ constexpr int kPer = kBlock / v::kLanes;      // registers per block: 1 (AVX-512
 // Rows that one pass over the weights serves without spilling accumulators: 12 or 6.
 constexpr int kShortRows = std::min(12, v::kAccumulators / kPer);
 // Rows that the one-pass kernel serves: up to 14 on AVX-512 (two blocks of 14 rows fill the 28
-// accumulators; faster than two tiles of 7 from the tall kernel, 4-7% over a SmolLM2 forward's
-// layers, scripts/kernel_ab.py), kShortRows on AVX2. Not 15-16: a single block per pass needs a
-// broadcast per FMA and was 8% slower than the tall kernel's two tiles of 8.
+// accumulators; 2-5% faster over a SmolLM2 forward's layers at 13-14 rows than the tall kernel's
+// two tiles, scripts/kernel_ab.py), kShortRows on AVX2. Not 15-16: one block per pass needs a
+// broadcast per FMA, and was 8% slower at 16 rows than the tall kernel's two tiles of 8.
 constexpr int kOnePassRows = std::min(14, v::kAccumulators / kPer);
 // Blocks per tile of kShortRows rows in the tall kernel: 2 (24 accumulators) or 1 (12).
 constexpr int kTallBlocks = std::max(1, v::kAccumulators / (kShortRows * kPer));

@@ -210,7 +210,7 @@ class SemanticDrafter(Drafter):
             theta = memory.calibrator.theta()
         return dict(state.stats, theta=theta, store_records=len(store) if store else 0,
                     bytes_per_record=store.bytes_per_record() if store else 0,
-                    faiss=bool(store and store.uses_faiss()))
+                    lists=bool(store and store.uses_index()))
 
     # --- drafting -----------------------------------------------------------------------------
 
