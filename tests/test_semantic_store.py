@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from oilbird.semantic_index import SYNC_ROWS_PER_SEARCH
+from oilbird.semantic_index import FILE_BATCH, SYNC_ROWS_PER_SEARCH
 from oilbird.semantic_store import KeyMatrix, RejectedPool, TraceStore, normalize
 
 
@@ -71,6 +71,7 @@ def test_the_lists_find_every_stored_key_and_respect_visibility(dtype):
 def test_the_lists_index_a_bounded_slice_per_search_and_the_rest_is_searched_exactly():
     gen = torch.Generator().manual_seed(2)
     n = 2 * SYNC_ROWS_PER_SEARCH + 17
+    assert 17 < FILE_BATCH
     keys = normalize(torch.randn(n, 16, generator=gen))
     exact, lists = TraceStore(16, index="exact"), TraceStore(16, index="lists")
     for store in (exact, lists):
@@ -82,7 +83,7 @@ def test_the_lists_index_a_bounded_slice_per_search_and_the_rest_is_searched_exa
     assert lists.search(keys[probe], 3, before_id=probe)[1][0] != probe  # visibility still holds
     for _ in range(3):
         lists.search(keys[0], 1, before_id=n)
-    assert lists.ann.indexed_rows(0) == n  # caught up
+    assert lists.ann.indexed_rows(0) == n - 17  # caught up; fewer than FILE_BATCH rows wait
     for q in range(0, n, 97):
         assert lists.search(keys[q], 1, before_id=n)[1] == [q]
     lists.add([0] * 3, keys[:3])  # new records: searched exactly until the next syncs index them
@@ -108,6 +109,22 @@ def test_the_lists_survive_eviction_without_a_rebuild():
         assert ids[0] == q and store.tokens[ids[0]] == 500 + q  # indices after the eviction
     assert store.ann is index  # the same lists, not a new index
     assert max(store.search(first[7], 5, before_id=800)[1]) < len(store)  # no evicted row comes back
+
+
+def test_the_lists_are_retrained_on_a_grown_store_without_a_gap():
+    gen = torch.Generator().manual_seed(4)
+    store = TraceStore(16, index="lists")
+    keys = normalize(torch.randn(4000, 16, generator=gen))
+    store.add(list(range(500)), keys[:500])
+    store.search(keys[0], 1, before_id=500)
+    first = store.ann
+    assert first.trained_rows == 500
+    for n in range(500, 4000, 250):  # the store grows 8x; every stored key stays findable
+        store.add(list(range(n, n + 250)), keys[n:n + 250])
+        for q in (0, n, n + 249):
+            assert store.search(keys[q], 1, before_id=n + 250)[1] == [q]
+    assert store.ann is not first and store.ann.trained_rows >= 4 * 500  # retrained, and swapped in
+    assert store.successor is None or store.successor.trained_rows >= 4 * store.ann.trained_rows
 
 
 def test_rejected_pool_matches_the_anchor_token_and_the_watermark():

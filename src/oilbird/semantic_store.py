@@ -40,11 +40,13 @@ from typing import Hashable
 import torch
 
 from oilbird.errors import ConfigError
-from oilbird.semantic_index import ListIndex
+from oilbird.semantic_index import FILE_BATCH, ListIndex
 from oilbird.semantic_keys import KEY_DTYPES, KeyMatrix, cosine_topk, normalize
 
 __all__ = ["KEY_DTYPES", "KeyMatrix", "RejectedPool", "TraceStore", "normalize"]
 INDEX_MODES = ("exact", "lists", "auto")
+RETRAIN_GROWTH = 3
+"""The lists are trained again once this many times the records they were trained on have been added."""
 
 
 class TraceStore:
@@ -75,7 +77,8 @@ class TraceStore:
         self.max_records = max_records
         self.index_mode, self.index_min_records = index, index_min_records
         self.index_lists, self.index_probes = index_lists, index_probes
-        self.ann: ListIndex | None = None
+        self.ann: ListIndex | None = None  # the lists searches read
+        self.successor: ListIndex | None = None  # lists retrained on a grown store, filled before they replace `ann`
         self.evicted_records = 0
 
     def __len__(self) -> int:
@@ -150,8 +153,9 @@ class TraceStore:
         self.starts = [0] + [s - cut for s in self.starts[head + 1:]]  # the head may be cut mid-way
         self.owners = self.owners[head:]
         self.evicted_records += cut
-        if self.ann is not None:
-            self.ann.drop_below(self.evicted_records)
+        for index in (self.ann, self.successor):
+            if index is not None:
+                index.drop_below(self.evicted_records)
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -187,12 +191,30 @@ class TraceStore:
         if visible <= 0 or k <= 0:
             return [], []
         if self.uses_index():
-            if self.ann is None:
-                self.ann = ListIndex(self.index_lists, self.index_probes)
-                self.ann.train(self.keys)
-            self.ann.sync(self.keys, self.evicted_records)
+            self._keep_index()
             return self._ann_search(query, k, visible)
         return self.keys.top(query, k, 0, visible)
+
+    def _keep_index(self) -> None:
+        """Train the lists on first use; file new records; retrain on a store that has grown.
+
+        Centroids trained on a tenant's first records partition its later traffic less evenly
+        (lists grow lopsided, searches read more keys) once that traffic has moved on. So after
+        `RETRAIN_GROWTH` times as many records as the lists were trained on have been added, a
+        successor is trained on the present store and filed a bounded slice per search beside the
+        serving lists, and it replaces them once it holds every record.
+        """
+        if self.ann is None:
+            self.ann = ListIndex(self.index_lists, self.index_probes)
+            self.ann.train(self.keys, first_id=self.evicted_records)
+        self.ann.sync(self.keys, self.evicted_records, least=FILE_BATCH)
+        if self.successor is None and self.next_id - self.ann.trained_id >= RETRAIN_GROWTH * self.ann.trained_rows:
+            self.successor = ListIndex(self.index_lists, self.index_probes)
+            self.successor.train(self.keys, first_id=self.evicted_records)
+        if self.successor is not None:
+            self.successor.sync(self.keys, self.evicted_records)
+            if self.successor.indexed_rows(self.evicted_records) >= len(self):
+                self.ann, self.successor = self.successor, None
 
     def _ann_search(self, query: torch.Tensor, k: int, visible: int) -> tuple[list[float], list[int]]:
         """The lists over the indexed rows merged with exact search over the visible rows not indexed yet."""
@@ -209,7 +231,7 @@ class TraceStore:
         return self.keys.bytes_per_row() + 8
 
     def memory_bytes(self) -> int:
-        ann = self.ann.bytes() if self.ann is not None else 0
+        ann = sum(index.bytes() for index in (self.ann, self.successor) if index is not None)
         return len(self) * self.bytes_per_record() + ann
 
 
