@@ -15,18 +15,19 @@ def clustered(n: int, clusters: int, dim: int = 32, seed: int = 0) -> torch.Tens
     return normalize(centers[which] + 0.3 * torch.randn(n, dim, generator=g) / dim ** 0.5)
 
 
-def matrix(rows: torch.Tensor) -> KeyMatrix:
+def built(n: int, clusters: int, lists: int, probes: int, filed: int | None = None, seed: int = 0):
+    """(keys as rows, the KeyMatrix, a ListIndex trained on it with `filed` rows filed: all by default)."""
+    rows = clustered(n, clusters, seed=seed)
     keys = KeyMatrix(rows.shape[1], "cpu")
     keys.append(rows)
-    return keys
+    index = ListIndex(lists=lists, probes=probes)
+    index.train(keys)
+    index.sync(keys, first_id=0, most=n if filed is None else filed)
+    return rows, keys, index
 
 
 def test_probing_every_list_is_exact_search():
-    rows = clustered(2000, 12)
-    keys = matrix(rows)
-    index = ListIndex(lists=8, probes=8)
-    index.train(keys)
-    index.sync(keys, first_id=0, most=5000)
+    _, keys, index = built(2000, 12, lists=8, probes=8)
     g = torch.Generator().manual_seed(5)
     for _ in range(10):
         query = normalize(torch.randn(1, 32, generator=g))[0]
@@ -36,11 +37,7 @@ def test_probing_every_list_is_exact_search():
 
 
 def test_few_probes_find_most_neighbors_of_clustered_keys_and_read_few_rows():
-    rows = clustered(20000, 64, seed=1)
-    keys = matrix(rows)
-    index = ListIndex(lists=64, probes=4)
-    index.train(keys)
-    index.sync(keys, first_id=0, most=20000)
+    rows, keys, index = built(20000, 64, lists=64, probes=4, seed=1)
     assert sum(index.count) == 20000 and index.high == 20000
     hits = 0
     for q in range(0, 20000, 400):  # queries: stored keys nudged
@@ -53,11 +50,7 @@ def test_few_probes_find_most_neighbors_of_clustered_keys_and_read_few_rows():
 
 
 def test_lists_hold_increasing_ids_and_forget_the_evicted():
-    rows = clustered(1000, 5, seed=2)
-    keys = matrix(rows)
-    index = ListIndex(lists=4, probes=4)
-    index.train(keys)
-    index.sync(keys, first_id=0, most=300)
+    rows, keys, index = built(1000, 5, lists=4, probes=4, filed=300, seed=2)
     index.sync(keys, first_id=0, most=300)
     assert index.indexed_rows(0) == 600
     for lst in range(4):
