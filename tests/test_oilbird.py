@@ -111,6 +111,10 @@ def test_node_budget_is_never_exceeded_and_the_key_never_opens_a_chain():
 def test_config_errors_are_clear():
     with pytest.raises(ValueError, match="sem_granularity"):
         OilbirdConfig(sem_granularity="sentence")
+    with pytest.raises(ValueError, match="'lists' is the approximate index now"):
+        OilbirdConfig(sem_index="faiss")  # the index before stop 42
+    with pytest.raises(ValueError, match="sem_index_probes <= sem_index_lists"):
+        OilbirdConfig(sem_index_lists=4, sem_index_probes=8)
     drafter = make_drafter("oilbird")
     drafter.start_request("r", PROMPT, "t")
     with pytest.raises(ConfigError, match="hidden_layer=-1"):  # an engine that computed no state

@@ -78,7 +78,8 @@ class SemanticConfig:
         if self.sem_key_dtype not in KEY_DTYPES:
             raise ValueError(f"sem_key_dtype must be one of {KEY_DTYPES}, got {self.sem_key_dtype!r}")
         if self.sem_index not in INDEX_MODES:
-            raise ValueError(f"sem_index must be one of {INDEX_MODES}, got {self.sem_index!r}")
+            hint = " ('faiss' is gone: 'lists' is the approximate index now)" if self.sem_index == "faiss" else ""
+            raise ValueError(f"sem_index must be one of {INDEX_MODES}, got {self.sem_index!r}{hint}")
         if not 1 <= self.sem_index_probes <= self.sem_index_lists:
             raise ValueError(f"need 1 <= sem_index_probes <= sem_index_lists, "
                              f"got {self.sem_index_probes} and {self.sem_index_lists}")
