@@ -1,7 +1,7 @@
 """An inverted-list index over a tenant's semantic keys: search a few lists, not every key.
 
-Exact cosine search reads every key of the store at every proposal: ~0.9 ms at 30,000 records on
-one core (the 100-request API-Bank stream's store), ~30 ms at the cap of 1M records. `ListIndex`
+Exact cosine search reads every key of the store at every proposal: ~1 ms at 30,000 records (the
+100-request API-Bank stream's store), ~24 ms at the cap of 1M records, on two cores. `ListIndex`
 bounds that (the IVF scheme of the vector-search literature, without a second copy of the keys):
 
 - `train`: a few rounds of spherical k-means (cosine) over up to `lists * SAMPLE_PER_LIST`
@@ -27,7 +27,7 @@ from oilbird.semantic_keys import KeyMatrix, cosine_topk, normalize
 SAMPLE_PER_LIST = 10
 """Training keys per list at most (evenly spaced over the store)."""
 SYNC_ROWS_PER_SEARCH = 256
-"""Rows a search files into lists at most (about 1.2 ms at width 576, 256 lists, one core)."""
+"""Rows a search files into lists at most (5-7 µs a row at width 576 and 256 lists: 1.3-1.8 ms)."""
 FILE_BATCH = 64
 """Rows left unfiled until this many wait (searched exactly meanwhile): filing a few rows costs
 about what filing many does, a fixed ~0.3 ms of small tensor operations per call."""
