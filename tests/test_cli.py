@@ -7,10 +7,11 @@ import sys
 import pytest
 
 from oilbird.cli import main
-from oilbird.skinny_gemm import skinny_available
+from oilbird.skinny_gemm import kernels as compiled_kernels, skinny_available
 
-# the kernels "auto" picks here (GEMM/attention)
-FAST = "skinny/oilbird_skinny" if skinny_available()[0] else "onednn/oilbird_tree"
+# what 'auto' picks for SmolLM2: our kernels, reading its GGUF's 4-bit blocks where they build for AVX-512
+FAST = ((f"skinny{'+q4_1<=32' if compiled_kernels().q4_available() else ''}/oilbird_skinny") if skinny_available()[0]
+        else "onednn/oilbird_tree")
 
 
 def run_cli(capsys, *argv):

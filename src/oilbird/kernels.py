@@ -21,6 +21,11 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
   one order whatever the rows beside it) and, like every model on AVX-512, one attention kernel at
   every row count (`oilbird.tree_attention.INVARIANT_KERNEL`): a node gets the bits of that step,
   and speculation leaves our greedy output unchanged.
+- **Bytes.** A GGUF model is run as the float32 weights transformers de-quantizes from it, and a
+  one-token forward is bound by reading them (SmolLM2: 425 MB in the decoder). Its file holds the
+  decoder's layers as 4-bit Q4_1 blocks, of which every float32 weight is exactly fl(d * q + m):
+  with `q4_rows` our kernel reads those blocks (66 MB) and rebuilds the weights in registers,
+  with the float32 kernel's bits (oilbird/gguf_weights.py).
 - **Attention.** transformers copies the cache per query group whenever a mask is given;
   `oilbird.tree_attention` attends over it in place, on our kernel where it builds (on AVX2
   CPUs large trees go to PyTorch's SDPA with grouped heads, faster there).
@@ -47,7 +52,8 @@ from dataclasses import dataclass
 import torch
 
 from oilbird.errors import ConfigError
-from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, skinny_available
+from oilbird.gguf_weights import GGUFTensors, Q4Linear, q4_layers
+from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, kernels, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, SKINNY_HEAD_DIMS, TREE_ATTENTION
 
 GEMMS = ("auto", "skinny", "onednn", "default")
@@ -72,6 +78,8 @@ class ForwardConfig:
     """Weight and activation dtype: float32 (the reference precision on the CPU), bfloat16 or float16."""
     gemm: str = "auto"
     """Linear layers: 'skinny' (our kernels, oilbird/skinny_gemm.py: float32 on AVX-512/AVX2, bfloat16 on AVX512_BF16 dot products; CPU), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
+    q4_rows: int = 32
+    """Forwards of up to this many rows read the decoder's linear weights as the model's GGUF file holds them, 4-bit Q4_1 blocks, instead of their float32 copy (oilbird/gguf_weights.py): the same bits from a sixth of the bytes; more rows use the float32 kernel. 32: where rebuilding the weights stops paying on two Zen 4 cores (scripts/q4_ab.py, docs/RESULTS.md). Float32 GGUF models on an AVX-512 CPU with gemm 'skinny'; elsewhere, and for layers not stored as Q4_1, it changes nothing. 0: never."""
     attention: str = "auto"
     """'skinny': tree attention on our kernel (CPU with AVX-512 or AVX2 and float32, or AVX512_BF16 and bfloat16; head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs, else tree."""
 
@@ -82,6 +90,8 @@ class ForwardConfig:
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {', '.join(GEMMS)}, got {self.gemm!r}")
+        if self.q4_rows < 0:
+            raise ValueError(f"q4_rows must be >= 0 (0: never), got {self.q4_rows}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
 
@@ -176,19 +186,25 @@ class PackedLinear(torch.nn.Module):
 
 
 def describe_kernels(model: torch.nn.Module) -> str:
-    """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' (for cost-curve keys and records)."""
+    """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' or 'skinny+q4_1<=4/oilbird_skinny'
+    (for cost-curve keys and records)."""
     kinds = {type(m) for m in model.modules()}
     gemm = ("skinny" if SkinnyLinear in kinds else "skinny-bf16" if PairsLinear in kinds
             else "onednn" if PackedLinear in kinds else "default")
+    q4 = sorted({m.max_rows for m in model.modules() if isinstance(m, Q4Linear)})
+    if q4:
+        gemm += "+q4_1<=" + ",".join(map(str, q4))
     return f"{gemm}/{model.config._attn_implementation}"
 
 
-def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> torch.nn.Module:
+def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
+               gguf: GGUFTensors | None = None) -> torch.nn.Module:
     """A copy of `model` that shares its weights and runs the kernels `config` picks.
 
     Args:
         model: a transformers causal LM in eval mode.
         config: which kernels (default: `ForwardConfig()`).
+        gguf: the tensors of the GGUF file `model` was converted from, if any (for `config.q4_rows`).
 
     Returns:
         The model itself when `config` changes nothing; otherwise a copy of its module tree
@@ -203,7 +219,7 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> t
     gemm = resolve_gemm(config, param.device, param.dtype)
     attention = resolve_attention(config, model)
     if gemm == "default" and attention == "sdpa":
-        return model
+        return model  # (q4_rows needs gemm 'skinny')
     # Every parameter and buffer maps to itself: the copy shares all tensors with `model`.
     memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
     fast = copy.deepcopy(model, memo)
@@ -213,6 +229,8 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None) -> t
         for name, module in list(fast.named_modules()):
             if type(module) is torch.nn.Linear:
                 fast.set_submodule(name, layer(module))
+    if config.q4_rows and gguf and layer is SkinnyLinear and kernels().q4_available():
+        q4_layers(fast, gguf, config.q4_rows)  # layers not stored as Q4_1 keep the float32 kernel
     if attention != "sdpa":
         fast.set_attn_implementation(SKINNY_ATTENTION if attention == "skinny" else TREE_ATTENTION)
     return fast.eval()

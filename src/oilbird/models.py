@@ -28,6 +28,7 @@ import torch
 from oilbird.chat import encode_chat
 from oilbird.errors import ModelError, PromptError
 from oilbird.gguf_convert import load_gguf, load_pretrained
+from oilbird.gguf_weights import GGUFTensors
 from oilbird.kernels import ForwardConfig, tree_model
 from oilbird.model_fetch import (
     DEFAULT_MODEL,
@@ -62,7 +63,9 @@ class LoadedModel:
     source: str  # the file or directory actually loaded
     stop_ids: frozenset[int]
     max_context: int
+    gguf: str | None = None  # the GGUF file the weights were converted from (None: not a GGUF)
     _tree_models: dict = field(default_factory=dict, repr=False)
+    _gguf_tensors: GGUFTensors | None = field(default=None, repr=False)
 
     @property
     def device(self) -> torch.device:
@@ -82,9 +85,11 @@ class LoadedModel:
             ValueError: if `config` asks for a kernel this device or dtype cannot run.
         """
         config = config or ForwardConfig()
-        key = (config.gemm, config.attention)
+        key = (config.gemm, config.attention, config.q4_rows)
         if key not in self._tree_models:
-            self._tree_models[key] = tree_model(self.model, config)
+            if self.gguf and self._gguf_tensors is None:
+                self._gguf_tensors = GGUFTensors(self.gguf)  # read once, when a kernel set first needs it
+            self._tree_models[key] = tree_model(self.model, config, self._gguf_tensors)
         return self._tree_models[key]
 
     def encode_chat(self, messages: Sequence[Mapping],
@@ -141,8 +146,10 @@ def load_model(spec: str = DEFAULT_MODEL, *, cache_dir: Path | None = None, devi
                          "on a machine with a GPU.")
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     path = Path(spec).expanduser()
+    gguf = None
     if spec in PRESETS or path.suffix.lower() == ".gguf":
-        model, tokenizer, source = load_gguf(*resolve_gguf(spec, cache, log), cache, dtype, log)
+        gguf, sha = resolve_gguf(spec, cache, log)
+        model, tokenizer, source = load_gguf(gguf, sha, cache, dtype, log)
     elif path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"directory {path} has no config.json, so it is not a "
@@ -165,6 +172,7 @@ def load_model(spec: str = DEFAULT_MODEL, *, cache_dir: Path | None = None, devi
     eos = getattr(model.generation_config, "eos_token_id", None)
     stop.update(eos if isinstance(eos, (list, tuple)) else [eos])
     return LoadedModel(name=spec, model=model, tokenizer=tokenizer, source=str(source),
+                       gguf=str(gguf) if gguf is not None else None,
                        stop_ids=frozenset(int(i) for i in stop if i is not None),
                        max_context=int(getattr(model.config, "max_position_embeddings", None)
                                        or tokenizer.model_max_length))

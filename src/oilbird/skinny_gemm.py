@@ -33,7 +33,8 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp",
-           CSRC / "certified_topk.cpp", CSRC / "bf16_dot_gemm.cpp", CSRC / "key_search.cpp"]  # the module's translation units
+           CSRC / "certified_topk.cpp", CSRC / "bf16_dot_gemm.cpp", CSRC / "key_search.cpp",
+           CSRC / "q4_gemm.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_problem.h",
            CSRC / "tree_attention_avx2.h", CSRC / "tree_attention_lanes.h", CSRC / "topk_scan.h"]
 # Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).

@@ -38,6 +38,10 @@ std::tuple<torch::Tensor, torch::Tensor> key_topk(const torch::Tensor& keys, con
                                                   int64_t start, int64_t stop, int64_t k);  // key_search.cpp
 std::tuple<torch::Tensor, torch::Tensor> key_topk_rows(const torch::Tensor& keys, const torch::Tensor& query,
                                                        const torch::Tensor& rows, int64_t k);  // key_search.cpp
+bool q4_available();                                                               // q4_gemm.cpp
+torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m);  // q4_gemm.cpp
+torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed,
+                        const c10::optional<torch::Tensor>& bias);                // q4_gemm.cpp
 
 // W [N, K] float32 or bfloat16 (N a multiple of 16) -> the packed layout [N/16, K, 16], same dtype.
 torch::Tensor pack(const torch::Tensor& w) {
@@ -80,4 +84,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("key_topk", &key_topk, "cosine top-k of a query over float16 key rows [start, stop)");
   m.def("key_topk_rows", &key_topk_rows, "cosine top-k of a query over listed float16 key rows");
   m.def("linear_pairs", &linear_pairs, "y = bf16(x) @ W^T on AVX512_BF16 dot products");
+  m.def("q4_available", &q4_available, "whether the Q4_1 GEMM was built (AVX-512)");
+  m.def("pack_q4", &pack_q4, "pack Q4_1 blocks (q [N, K] uint8, d and m [N, K/32] float16) into [N/16, K/32, 320]");
+  m.def("linear_q4", &linear_q4, "y = x @ W^T (+ bias) from Q4_1 blocks, bit-identical to `linear` on fl(d q + m)");
 }

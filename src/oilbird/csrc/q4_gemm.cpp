@@ -1,0 +1,177 @@
+// Few-row GEMM on weights as a GGUF file holds them in Q4_1 (llama.cpp's 4-bit blocks):
+// y[M, N] = x[M, K] @ W[N, K]^T (+ bias), where every 32 inputs of an output share a float16
+// scale d and minimum m and each weight is w = d * q + m with q in 0..15.
+//
+// The default model's GGUF stores its decoder's linear layers so, and transformers' loader
+// de-quantizes them to float32 as fl(d * q + m): d * q is exact in float32 (11 + 4 bits), one
+// rounding for the sum. This kernel rebuilds each weight in registers as fma(d, q, m), the same
+// value bit for bit, and sums every row sequentially over k in float32 FMAs, as the float32 kernel
+// (skinny_kernels.h) does: its output equals that kernel's on the de-quantized weight, bit for
+// bit, at any row count. What changes is the memory stream: 0.625 bytes a weight instead of 4, so
+// a one-token forward, bound by reading its weights, reads 66 MB instead of 425 (SmolLM2-135M).
+// Rebuilding costs arithmetic (about 4 vector operations per 32 FMAs at 16 rows), so where rows
+// are many the float32 kernel can be the faster of the two: oilbird/gguf_weights.py chooses by rows.
+//
+// Layout per block of 16 outputs and group of 32 inputs (320 bytes, five cache lines):
+// d[16] float16, m[16] float16, then 16 input pairs of 16 bytes (byte j: output j's even input in
+// the low nibble, its odd input in the high one).
+//
+// AVX-512 only (q4_available() says whether it was built); elsewhere the float32 kernel serves.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace {
+
+constexpr int64_t kB = 16;                  // outputs per block
+constexpr int64_t kG = 32;                  // inputs per Q4_1 group
+constexpr int64_t kGroupBytes = 32 + 32 + 256;  // d[16] f16, m[16] f16, 16 pairs x 16 bytes
+constexpr int64_t kLines = kGroupBytes / 64;    // 5
+
+}  // namespace
+
+bool q4_available() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// q [N, K] uint8 (0..15), d and m [N, K/32] float16 -> [N/16, K/32, 320] bytes.
+torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8, "pack_q4: q must be a 2-D uint8 tensor");
+  const int64_t N = q.size(0), K = q.size(1);
+  TORCH_CHECK(N % kB == 0 && K % kG == 0, "pack_q4: out_features must be a multiple of 16 and in_features of 32");
+  TORCH_CHECK(d.scalar_type() == torch::kHalf && m.scalar_type() == torch::kHalf && d.dim() == 2 &&
+                  d.size(0) == N && d.size(1) == K / kG && m.sizes() == d.sizes(),
+              "pack_q4: d and m must be float16 [N, K/32]");
+  TORCH_CHECK(q.max().item<int>() <= 15, "pack_q4: q must hold 4-bit values (0..15)");
+  const int64_t groups = K / kG;
+  // d, m: [N/16, 16, G] -> [N/16, G, 16]; q: [N/16, 16, G, 16 pairs, 2] -> [N/16, G, 16 pairs, 16]
+  torch::Tensor dm = torch::stack({d.view({N / kB, kB, groups}).transpose(1, 2), m.view({N / kB, kB, groups}).transpose(1, 2)}, 2)
+                .contiguous().view({N / kB, groups, 2 * kB}).view(torch::kUInt8);  // [N/16, G, 64]
+  torch::Tensor qq = q.contiguous().view({N / kB, kB, groups, kG / 2, 2});
+  torch::Tensor nibbles = qq.select(4, 0).bitwise_or(qq.select(4, 1).mul(16)).permute({0, 2, 3, 1}).contiguous()
+                     .view({N / kB, groups, 256});  // [N/16, G, 256]
+  return torch::cat({dm, nibbles}, 2).contiguous();  // [N/16, G, 320]
+}
+
+#if defined(__AVX512F__)
+namespace {
+
+// M rows by NB blocks starting at block nb0, over all K.
+template <int M, int NB>
+void q4_block(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, int64_t nb0, const float* bias) {
+  __m512 acc[M][NB];
+  for (int r = 0; r < M; ++r)
+    for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
+  const int64_t groups = K / kG;
+  const uint8_t* w[NB];
+  for (int b = 0; b < NB; ++b) w[b] = wp + (nb0 + b) * groups * kGroupBytes;
+  const __m512i low = _mm512_set1_epi32(0x0F);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 dv[NB], mv[NB];
+    for (int b = 0; b < NB; ++b) {
+      const uint8_t* p = w[b] + g * kGroupBytes;
+      // Far ahead into L2 (the memory stream), near ahead into L1, as the float32 kernel does.
+      for (int l = 0; l < kLines; ++l) {
+        _mm_prefetch(reinterpret_cast<const char*>(p + 16 * kGroupBytes + l * 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(p + 3 * kGroupBytes + l * 64), _MM_HINT_T0);
+      }
+      dv[b] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));  // exact widening
+      mv[b] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    }
+    for (int64_t kk = 0; kk < kG / 2; ++kk) {
+      __m512 w0[NB], w1[NB];
+      for (int b = 0; b < NB; ++b) {
+        // 16 bytes -> 16 lanes of 32 bits; the low nibble is input k, the high one input k + 1.
+        const __m512i raw = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b] + g * kGroupBytes + 64 + kk * kB)));
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(raw, low));
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4));
+        w0[b] = _mm512_fmadd_ps(dv[b], lo, mv[b]);  // fl(d * q + m): the loader's float32 weight
+        w1[b] = _mm512_fmadd_ps(dv[b], hi, mv[b]);
+      }
+      const int64_t k = g * kG + 2 * kk;
+      for (int r = 0; r < M; ++r) {  // input k, then k + 1: each row's sum in k order
+        const __m512 x0 = _mm512_set1_ps(x[r * K + k]);
+        for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_fmadd_ps(x0, w0[b], acc[r][b]);
+      }
+      for (int r = 0; r < M; ++r) {
+        const __m512 x1 = _mm512_set1_ps(x[r * K + k + 1]);
+        for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_fmadd_ps(x1, w1[b], acc[r][b]);
+      }
+    }
+  }
+  for (int r = 0; r < M; ++r)
+    for (int b = 0; b < NB; ++b) {
+      __m512 out = acc[r][b];
+      if (bias) out = _mm512_add_ps(out, _mm512_loadu_ps(bias + (nb0 + b) * kB));  // after the sum, as the float32 kernel
+      _mm512_storeu_ps(y + r * N + (nb0 + b) * kB, out);
+    }
+}
+
+template <int M, int NB>
+void q4_spread(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, const float* bias) {
+  const int64_t blocks = N / kB, groups = blocks / NB;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) q4_block<M, NB>(x, wp, y, K, N, g * NB, bias);
+  });
+  for (int64_t nb = groups * NB; nb < blocks; ++nb) q4_block<M, 1>(x, wp, y, K, N, nb, bias);
+}
+
+// M rows in one pass: NB blocks at a time, NB the widest of 4, 2, 1 that fits the registers
+// (M x NB accumulators, 2 NB rebuilt weights, 2 NB scales) and whose busiest thread reads the
+// fewest blocks (SmolLM2's 12-block k and v projections in groups of 4 would leave a thread idle).
+template <int M>
+void q4_rows(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, const float* bias) {
+  constexpr int NB = M <= 3 ? 4 : M <= 8 ? 2 : 1;
+  const int64_t blocks = N / kB, threads = std::max(1, at::get_num_threads());
+  auto busiest = [&](int64_t nb) { return (blocks / nb + threads - 1) / threads * nb + blocks % nb; };
+  if constexpr (NB > 2) {
+    if (busiest(2) < busiest(NB) && busiest(2) <= busiest(1)) return q4_spread<M, 2>(x, wp, y, K, N, bias);
+  }
+  if constexpr (NB > 1) {
+    if (busiest(1) < busiest(NB) && (NB <= 2 || busiest(1) < busiest(2))) return q4_spread<M, 1>(x, wp, y, K, N, bias);
+  }
+  q4_spread<M, NB>(x, wp, y, K, N, bias);
+}
+
+using RowsFn = void (*)(const float*, const uint8_t*, float*, int64_t, int64_t, const float*);
+constexpr int kMaxRows = 16;  // rows of one pass; more rows go in passes of at most 16
+constexpr RowsFn kRows[kMaxRows + 1] = {nullptr, q4_rows<1>, q4_rows<2>, q4_rows<3>, q4_rows<4>, q4_rows<5>,
+                                        q4_rows<6>, q4_rows<7>, q4_rows<8>, q4_rows<9>, q4_rows<10>,
+                                        q4_rows<11>, q4_rows<12>, q4_rows<13>, q4_rows<14>, q4_rows<15>,
+                                        q4_rows<16>};
+
+}  // namespace
+#endif
+
+// x [M, K] float32 contiguous, packed [N/16, K/32, 320] (pack_q4), bias [N] float32 or None -> y [M, N] float32.
+torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(q4_available(), "linear_q4: built without AVX-512");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32,
+              "linear_q4: x must be a contiguous 2-D float32 tensor");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kGroupBytes && packed.scalar_type() == torch::kUInt8,
+              "linear_q4: a weight packed by pack_q4");
+  const int64_t M = x.size(0), K = packed.size(1) * kG, N = packed.size(0) * kB;
+  TORCH_CHECK(x.size(1) == K, "linear_q4: x has ", x.size(1), " features, the weight ", K);
+  auto y = torch::empty({M, N}, x.options());
+#if defined(__AVX512F__)
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  // Passes of nearly equal size (20 rows: 10 + 10, not 16 + 4), each reading the weights again.
+  const int64_t passes = (M + kMaxRows - 1) / kMaxRows;
+  for (int64_t p = 0, m = 0; p < passes; ++p) {
+    const int64_t rows = M / passes + (p < M % passes ? 1 : 0);
+    kRows[rows](x.data_ptr<float>() + m * K, wp, y.data_ptr<float>() + m * N, K, N, b);
+    m += rows;
+  }
+#endif
+  return y;
+}

@@ -1,0 +1,103 @@
+"""The GGUF's own Q4_1 weights: blocks read in llama.cpp's layout, a kernel whose output equals the
+float32 kernel's on the de-quantized weights bit for bit, and on the real model the same logits."""
+
+import numpy as np
+import pytest
+import torch
+
+from oilbird.gguf_weights import Q4Linear, dequantize, read_q4_1, row_order
+from oilbird.kernels import ForwardConfig, describe_kernels
+from oilbird.skinny_gemm import SkinnyLinear, kernels, skinny_available
+
+Q4 = skinny_available()[0] and kernels().q4_available()
+needs_q4 = pytest.mark.skipif(not Q4, reason="the Q4_1 GEMM needs our kernels built for AVX-512")
+
+
+def random_blocks(n: int, k: int, seed: int):
+    """Random Q4_1 blocks of an [n, k] weight and the float32 weight the loader makes of them."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    d = (torch.rand(n, k // 32, generator=g) * 0.01).half()
+    m = (-torch.rand(n, k // 32, generator=g) * 0.08).half()
+    return q, d, m, dequantize(q, d, m)
+
+
+def test_blocks_are_read_in_llama_cpp_layout():
+    # One row of two blocks: d, m float16, then byte j = input j (low nibble) | input j + 16 (high).
+    d, m = np.float16(0.5), np.float16(-1.0)
+    nibbles = np.array([(j % 16) | (((15 - j) % 16) << 4) for j in range(16)], dtype=np.uint8)
+    block = np.concatenate([np.array([d, m], dtype=np.float16).view(np.uint8), nibbles])
+    raw = np.concatenate([block, block])[None, :]  # [1, 40]
+    q, dd, mm = read_q4_1(raw)
+    assert q.shape == (1, 64) and dd.shape == mm.shape == (1, 2)
+    assert q[0, :16].tolist() == list(range(16)) and q[0, 16:32].tolist() == [15 - j for j in range(16)]
+    assert dequantize(q, dd, mm)[0, 3].item() == 0.5 * 3 - 1.0
+
+
+def test_row_order_finds_the_loaders_permutation_or_none():
+    _, _, _, weight = random_blocks(48, 64, 0)
+    order = torch.randperm(48, generator=torch.Generator().manual_seed(1))
+    found = row_order(weight[order], weight)
+    assert found is not None and torch.equal(weight[found], weight[order])
+    assert torch.equal(row_order(weight, weight), torch.arange(48))
+    other = weight.clone()
+    other[5, 7] = torch.nextafter(other[5, 7], torch.tensor(1.0))  # one bit of one weight
+    assert row_order(other, weight) is None
+
+
+@needs_q4
+@pytest.mark.parametrize("shape", [(576, 576), (192, 576), (1536, 576), (576, 1536), (48, 64)])
+def test_the_q4_kernel_gives_the_float32_kernels_bits_at_every_row_count(shape):
+    n, k = shape
+    q, d, m, weight = random_blocks(n, k, n + k)
+    packed, dense = kernels().pack_q4(q, d, m), kernels().pack(weight)
+    bias = torch.randn(n)
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            for rows in [*range(1, 21), 33, 64]:
+                x = torch.randn(rows, k)
+                assert torch.equal(kernels().linear_q4(x, packed, None), kernels().linear(x, dense, None)), (t, rows)
+            x = torch.randn(7, k)
+            assert torch.equal(kernels().linear_q4(x, packed, bias), kernels().linear(x, dense, bias))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_q4
+def test_q4_linear_refuses_blocks_that_are_not_its_weight_and_bad_input():
+    q, d, m, weight = random_blocks(32, 64, 3)
+    linear = torch.nn.Linear(64, 32, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    layer = Q4Linear(SkinnyLinear(linear), q, d, m, max_rows=4)
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), SkinnyLinear(linear)(x))
+        wide = torch.randn(5, 128)[:, ::2]  # a non-contiguous input is read right
+        assert torch.equal(layer(wide), SkinnyLinear(linear)(wide.contiguous()))
+    q2 = q.clone()
+    q2[4, 10] ^= 1  # one nibble off
+    with pytest.raises(ValueError, match="bit for bit"):
+        Q4Linear(SkinnyLinear(linear), q2, d, m, max_rows=4)
+    with pytest.raises(RuntimeError, match="4-bit"):
+        kernels().pack_q4(q + 16, d, m)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernels().pack_q4(q[:20], d[:20], m[:20])
+    with pytest.raises(ValueError, match="q4_rows"):
+        ForwardConfig(q4_rows=-1)
+
+
+@needs_q4
+def test_smollm2_reads_its_own_4_bit_weights_with_the_same_logits(smol):
+    plain = smol.tree_model(ForwardConfig(q4_rows=0))
+    q4 = smol.tree_model(ForwardConfig(q4_rows=8))
+    layers = [m for m in q4.modules() if isinstance(m, Q4Linear)]
+    assert len(layers) == 7 * smol.model.config.num_hidden_layers  # every decoder linear layer
+    assert describe_kernels(q4).startswith("skinny+q4_1<=8/") and "q4" not in describe_kernels(plain)
+    assert q4.lm_head.weight is smol.model.lm_head.weight  # weights still shared
+    ids = torch.tensor([smol.encode_text("def fibonacci(n):\n    \"\"\"Return the n-th number." * 3)])
+    with torch.inference_mode():
+        for n in (1, 3, 8, 9, 16):  # up to 8 rows: the 4-bit blocks; 9 and 16: the float32 kernel
+            assert torch.equal(q4(input_ids=ids[:, :n]).logits, plain(input_ids=ids[:, :n]).logits), n
