@@ -8,6 +8,9 @@ oilbird/gguf_weights.py), time `TreeVerifier.verify` over a chain of N nodes on 
 argmax at every N (they must: the kernels compute the same bits). The row count where the
 4-bit side stops being faster is where `q4_rows` should stop.
 
+With `--prefill 100,300,600` it also times a prefill of so many prompt tokens from an empty
+cache on both sides (the Q4_1 side then reads its blocks for those row counts too).
+
 With `--bench N` it then serves N API-Bank requests (`--per-category`, stream order) end to end
 with each side's own benchmark harness (`oilbird.bench.Harness`: 'fit' budgets on each side's
 own cost curve, prefix caches, pools), request by request, alternating which side goes first,
@@ -53,6 +56,26 @@ def chain_timer(verifier: TreeVerifier, prefix: int):
         return seconds, result
 
     return run
+
+
+def prefill_ab(loaded, models: dict, sizes: list[int], repeats: int) -> list[dict]:
+    """ms of a fresh prefill of n prompt tokens on each side, fastest of `repeats` alternated rounds."""
+    verifiers = {name: TreeVerifier(model, loaded.stop_ids) for name, model in models.items()}
+    vocab = loaded.model.config.vocab_size
+    best = {(name, n): float("inf") for name in models for n in sizes}
+    for i in range(repeats):
+        for n in sizes:
+            for name in (list(models) if i % 2 == 0 else list(reversed(models))):
+                start = time.perf_counter()
+                verifiers[name].prefill(probe_tokens(vocab, n + 1))
+                best[name, n] = min(best[name, n], time.perf_counter() - start)
+    print("| prompt tokens | float32 ms | Q4_1 ms | Q4_1 / float32 |\n| ---: | ---: | ---: | ---: |")
+    rows = []
+    for n in sizes:
+        f, q = best["float32", n] * 1e3, best["q4_1", n] * 1e3
+        rows.append(dict(prompt=n, float32_ms=f, q4_1_ms=q))
+        print(f"| {n} | {f:.1f} | {q:.1f} | {q / f:.2f} |")
+    return rows
 
 
 def bench_ab(loaded, args) -> dict:
@@ -107,6 +130,7 @@ def main() -> None:
     p.add_argument("--sizes", default="1,2,4,6,8,12,16,24,32,48,64")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--out", type=Path)
+    p.add_argument("--prefill", default="", help="also time prefills of these prompt lengths, e.g. 100,300,600")
     p.add_argument("--bench", type=int, default=0, help="then serve this many API-Bank requests end to end (0: none)")
     p.add_argument("--per-category", type=int, default=5)
     p.add_argument("--methods", default="suffix,oilbird")
@@ -115,7 +139,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     loaded = load_model(args.model, log=lambda _: None)
-    sides = {"float32": ForwardConfig(q4_rows=0), "q4_1": ForwardConfig(q4_rows=max(sizes))}
+    prefills = [int(n) for n in args.prefill.split(",")] if args.prefill else []
+    sides = {"float32": ForwardConfig(q4_rows=0), "q4_1": ForwardConfig(q4_rows=max(sizes + prefills))}
     models = {name: loaded.tree_model(config) for name, config in sides.items()}
     kinds = {name: describe_kernels(model) for name, model in models.items()}
     if "q4" not in kinds["q4_1"]:
@@ -140,10 +165,11 @@ def main() -> None:
         f1, q1 = best["float32", sizes[0]] * 1e3, best["q4_1", sizes[0]] * 1e3
         rows.append(dict(nodes=n, float32_ms=f, q4_1_ms=q))
         print(f"| {n} | {f:.2f} | {q:.2f} | {q / f:.2f} | {f / f1:.2f} | {q / q1:.2f} |")
+    prefill = prefill_ab(loaded, models, prefills, args.repeats) if prefills else None
     bench = bench_ab(loaded, args) if args.bench else None
     if args.out:
         args.out.write_text(json.dumps(dict(model=args.model, prefix=args.prefix, threads=args.threads,
-                                            repeats=args.repeats, kernels=kinds, rows=rows, bench=bench,
+                                            repeats=args.repeats, kernels=kinds, rows=rows, prefill=prefill, bench=bench,
                                             q4_rows=args.q4_rows), indent=2) + "\n")
 
 

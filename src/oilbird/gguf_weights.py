@@ -12,8 +12,8 @@ The contract is checked, not assumed: `q4_layers` de-quantizes every block and c
 the loaded layer's float32 weight, bit for bit (finding the row order the loader used: it
 permutes the query and key rows for rotary embeddings); a layer that differs in any bit, or is
 not Q4_1, keeps the float32 kernel. Forwards of more than `max_rows` rows use the float32 kernel
-too, where rebuilding the weights costs more arithmetic than the bytes it saves (measured:
-docs/RESULTS.md, issue 15).
+too (`ForwardConfig.q4_rows`; the blocks were faster or level at every size measured on two Zen 4
+cores: docs/RESULTS.md, issue 15, stop 43).
 """
 
 from __future__ import annotations

@@ -78,8 +78,8 @@ class ForwardConfig:
     """Weight and activation dtype: float32 (the reference precision on the CPU), bfloat16 or float16."""
     gemm: str = "auto"
     """Linear layers: 'skinny' (our kernels, oilbird/skinny_gemm.py: float32 on AVX-512/AVX2, bfloat16 on AVX512_BF16 dot products; CPU), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
-    q4_rows: int = 32
-    """Forwards of up to this many rows read the decoder's linear weights as the model's GGUF file holds them, 4-bit Q4_1 blocks, instead of their float32 copy (oilbird/gguf_weights.py): the same bits from a sixth of the bytes; more rows use the float32 kernel. 32: where rebuilding the weights stops paying on two Zen 4 cores (scripts/q4_ab.py, docs/RESULTS.md). Float32 GGUF models on an AVX-512 CPU with gemm 'skinny'; elsewhere, and for layers not stored as Q4_1, it changes nothing. 0: never."""
+    q4_rows: int = 8192
+    """The most rows a forward reads the decoder's linear weights for as the model's GGUF file holds them, 4-bit Q4_1 blocks, instead of their float32 copy (oilbird/gguf_weights.py): the same bits from a sixth of the bytes; larger forwards use the float32 kernel. 8192 (every forward of the presets): on two Zen 4 cores the blocks took 0.56x the float32 time at one row, 0.75x at 16, level at 64-128 rows and 0.97x for an 800-token prefill (scripts/q4_ab.py, docs/RESULTS.md). Float32 GGUF models on an AVX-512 CPU with gemm 'skinny'; elsewhere, and for layers not stored as Q4_1, it changes nothing. 0: never."""
     attention: str = "auto"
     """'skinny': tree attention on our kernel (CPU with AVX-512 or AVX2 and float32, or AVX512_BF16 and bfloat16; head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs, else tree."""
 

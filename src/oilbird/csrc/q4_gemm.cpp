@@ -9,8 +9,9 @@
 // (skinny_kernels.h) does: its output equals that kernel's on the de-quantized weight, bit for
 // bit, at any row count. What changes is the memory stream: 0.625 bytes a weight instead of 4, so
 // a one-token forward, bound by reading its weights, reads 66 MB instead of 425 (SmolLM2-135M).
-// Rebuilding costs arithmetic (about 4 vector operations per 32 FMAs at 16 rows), so where rows
-// are many the float32 kernel can be the faster of the two: oilbird/gguf_weights.py chooses by rows.
+// Rebuilding costs arithmetic (about 4 vector operations per 32 FMAs at 16 rows): up to 16 rows it
+// hides under the FMAs of one pass; more rows rebuild each group of blocks once into a buffer and
+// run the float32 kernel's row tiles over it (q4_tall), level with the float32 kernel at 64-128.
 //
 // Layout per block of 16 outputs and group of 32 inputs (320 bytes, five cache lines):
 // d[16] float16, m[16] float16, then 16 input pairs of 16 bytes (byte j: output j's even input in
@@ -24,6 +25,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include "skinny_kernels.h"
+#endif
 
 namespace {
 
@@ -142,8 +148,54 @@ void q4_rows(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, 
   q4_spread<M, NB>(x, wp, y, K, N, bias);
 }
 
+// Rebuild the float32 weights of `nb` blocks starting at block nb0 into buf [nb][K][16] (the float32
+// kernel's packed layout): fma(d, q, m), the same values the one-pass kernel uses.
+void rebuild(const uint8_t* wp, float* buf, int64_t K, int64_t nb0, int64_t nb) {
+  const int64_t groups = K / kG;
+  const __m512i low = _mm512_set1_epi32(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* w = wp + (nb0 + b) * groups * kGroupBytes;
+    float* out = buf + b * K * kB;
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* p = w + g * kGroupBytes;
+      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+      for (int64_t kk = 0; kk < kG / 2; ++kk) {
+        const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + kk * kB)));
+        const int64_t k = g * kG + 2 * kk;
+        _mm512_storeu_ps(out + k * kB, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(raw, low)), mv));
+        _mm512_storeu_ps(out + (k + 1) * kB, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4)), mv));
+      }
+    }
+  }
+}
+
+// Many rows: per group of the float32 kernel's kTallBlocks blocks, rebuild its weights once into a
+// per-thread buffer (K x 32 floats: L2-resident) and run the float32 kernel's row tiles over it,
+// as its tall path does over weights it reads from memory once. Same FMA order, same bits.
+void q4_tall(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
+  namespace o = oilbird;
+  constexpr int64_t NB = o::kTallBlocks;
+  const int64_t blocks = N / kB, groups = (blocks + NB - 1) / NB;
+  const int64_t ntiles = (M + o::kShortRows - 1) / o::kShortRows, base = M / ntiles, extra = M % ntiles;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    std::vector<float> buf(NB * K * kB);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t nb0 = g * NB, nb = std::min(NB, blocks - nb0);
+      rebuild(wp, buf.data(), K, nb0, nb);
+      const float* b = bias ? bias + nb0 * kB : nullptr;
+      for (int64_t t = 0, m = 0; t < ntiles; ++t) {
+        const int64_t rows = base + (t < extra ? 1 : 0);
+        (nb == NB ? o::kTiles<float, NB> : o::kTiles<float, 1>)[rows](
+            x + m * K, buf.data(), y + m * N + nb0 * kB, K, N, 0, b, nullptr, 0);
+        m += rows;
+      }
+    }
+  });
+}
+
 using RowsFn = void (*)(const float*, const uint8_t*, float*, int64_t, int64_t, const float*);
-constexpr int kMaxRows = 16;  // rows of one pass; more rows go in passes of at most 16
+constexpr int kMaxRows = 16;  // rows of one pass over the blocks; more rows: q4_tall
 constexpr RowsFn kRows[kMaxRows + 1] = {nullptr, q4_rows<1>, q4_rows<2>, q4_rows<3>, q4_rows<4>, q4_rows<5>,
                                         q4_rows<6>, q4_rows<7>, q4_rows<8>, q4_rows<9>, q4_rows<10>,
                                         q4_rows<11>, q4_rows<12>, q4_rows<13>, q4_rows<14>, q4_rows<15>,
@@ -165,12 +217,10 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed, con
 #if defined(__AVX512F__)
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  // Passes of nearly equal size (20 rows: 10 + 10, not 16 + 4), each reading the weights again.
-  const int64_t passes = (M + kMaxRows - 1) / kMaxRows;
-  for (int64_t p = 0, m = 0; p < passes; ++p) {
-    const int64_t rows = M / passes + (p < M % passes ? 1 : 0);
-    kRows[rows](x.data_ptr<float>() + m * K, wp, y.data_ptr<float>() + m * N, K, N, b);
-    m += rows;
+  if (M > kMaxRows) {
+    q4_tall(x.data_ptr<float>(), wp, y.data_ptr<float>(), M, K, N, b);
+  } else if (M > 0) {
+    kRows[M](x.data_ptr<float>(), wp, y.data_ptr<float>(), K, N, b);
   }
 #endif
   return y;
