@@ -209,7 +209,8 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
     Returns:
         The model itself when `config` changes nothing; otherwise a copy of its module tree
         (weights shared, `nn.Linear` -> `SkinnyLinear` or `PackedLinear` where the GEMM is
-        skinny or oneDNN, attention `SKINNY_ATTENTION` or `TREE_ATTENTION` where chosen).
+        skinny or oneDNN, `Q4Linear` over the GGUF's Q4_1 blocks where `config.q4_rows` and `gguf`
+        allow, attention `SKINNY_ATTENTION` or `TREE_ATTENTION` where chosen).
 
     Raises:
         ValueError: if `config` asks for a kernel this model's device or dtype cannot run.
