@@ -90,12 +90,32 @@ def test_q4_linear_refuses_blocks_that_are_not_its_weight_and_bad_input():
 
 
 @needs_q4
+def test_the_float32_copy_is_packed_only_when_a_forward_needs_it():
+    q, d, m, weight = random_blocks(32, 64, 5)
+    linear = torch.nn.Linear(64, 32)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    layer = Q4Linear(SkinnyLinear(linear), q, d, m, max_rows=4)
+    with torch.inference_mode():
+        small = layer(torch.randn(2, 4, 64))[0]  # [2, 4, 64]: 8 rows, above max_rows
+        assert layer.dense._packed is not None and small.shape == (4, 32)
+    layer = Q4Linear(SkinnyLinear(linear), q, d, m, max_rows=4)
+    with torch.inference_mode():
+        for rows in (1, 4):
+            layer(torch.randn(1, rows, 64))
+        assert layer.dense._packed is None  # every forward read the blocks: no float32 pack held
+        x = torch.randn(1, 5, 64)
+        assert torch.equal(layer(x), SkinnyLinear(linear)(x))  # 5 rows: the float32 kernel, packed now
+        assert layer.dense._packed is not None
+
+
+@needs_q4
 def test_smollm2_reads_its_own_4_bit_weights_with_the_same_logits(smol):
     plain = smol.tree_model(ForwardConfig(q4_rows=0))
     q4 = smol.tree_model(ForwardConfig(q4_rows=8))
     layers = [m for m in q4.modules() if isinstance(m, Q4Linear)]
     assert len(layers) == 7 * smol.model.config.num_hidden_layers  # every decoder linear layer
-    assert describe_kernels(q4).startswith("skinny+q4_1<=8/") and "q4" not in describe_kernels(plain)
+    assert describe_kernels(q4).startswith("skinny+q4_1<=8+fused/") and "q4" not in describe_kernels(plain)
     assert q4.lm_head.weight is smol.model.lm_head.weight  # weights still shared
     ids = torch.tensor([smol.encode_text("def fibonacci(n):\n    \"\"\"Return the n-th number." * 3)])
     with torch.inference_mode():

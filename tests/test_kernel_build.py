@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from torch.utils.cpp_extension import include_paths
@@ -28,14 +29,20 @@ def test_every_source_compiles_for_the_instruction_sets_this_host_does_not_build
     width once broke the other's build); the host's own is built by the test above."""
     headers = [*include_paths(), sysconfig.get_paths()["include"], str(CSRC)]  # PyTorch's, Python's, ours
     includes = [f"-I{path}" for path in headers]
-    jobs = {}
     variants = [ISA_FLAGS["AVX2"], ISA_FLAGS["AVX512"], [*ISA_FLAGS["AVX512"], "-mavx512bf16"]]
     host = [f for f in flags() if f not in ("-O3", "-fopenmp")] if isa() else None
     others = {" ".join(f): f for f in variants if f != host}
-    for name, isa_flags in others.items():
-        for source in SOURCES:
-            command = [COMPILER, "-fsyntax-only", "-std=c++17", "-fopenmp", *isa_flags, *includes, str(source)]
-            jobs[name, source.name] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                       text=True)
-    failed = {job: proc.communicate(timeout=600)[0][-2000:] for job, proc in jobs.items() if proc.wait(600)}
+    commands = {(name, source.name): [COMPILER, "-fsyntax-only", "-std=c++17", "-fopenmp", *isa_flags, *includes,
+                                      str(source)]
+                for name, isa_flags in others.items() for source in SOURCES}
+
+    def compile_errors(command: list[str]) -> str | None:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+        return done.stdout[-2000:] if done.returncode else None
+
+    # As many compilers at once as cores: each holds ~0.9 GB (PyTorch's headers), and sixteen at
+    # once beside the other test worker filled a 23 GB host's memory and stalled the suite.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        errors = dict(zip(commands, pool.map(compile_errors, commands.values())))
+    failed = {job: error for job, error in errors.items() if error is not None}
     assert not failed, failed

@@ -95,13 +95,16 @@ class Q4Linear(torch.nn.Module):
             raise ValueError("the Q4_1 blocks do not rebuild this layer's float32 weight bit for bit")
         self.max_rows = max_rows
         self.register_buffer("packed_q4", kernels().pack_q4(q, d, m), persistent=False)  # [N/16, K/32, 320] bytes
+        # The forward runs ~200 times per model forward: what it needs, looked up once here
+        # (module attribute lookups and reshapes in Python cost as much as a small layer's GEMM).
+        self._max_elements = max_rows * self.in_features
+        self._linear_q4 = kernels().linear_q4
+        self._bias = dense.packed_bias  # [out] float32 or None (out is a multiple of 16: no padding)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        rows = x.reshape(-1, self.in_features)  # [M, in]
-        if rows.shape[0] > self.max_rows:
+        if x.numel() > self._max_elements:  # more than max_rows rows
             return self.dense(x)
-        out = kernels().linear_q4(rows.contiguous(), self.packed_q4, self.dense.packed_bias)  # [M, out]
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return self._linear_q4(x, self.packed_q4, self._bias)  # [..., out]; the kernel reshapes
 
     def extra_repr(self) -> str:
         return f"Q4_1 blocks up to {self.max_rows} rows"

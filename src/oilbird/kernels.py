@@ -26,14 +26,18 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
   decoder's layers as 4-bit Q4_1 blocks, of which every float32 weight is exactly fl(d * q + m):
   with `q4_rows` our kernel reads those blocks (66 MB) and rebuilds the weights in registers,
   with the float32 kernel's bits (oilbird/gguf_weights.py).
+- **Dispatch.** A one-token forward of a small model makes ~1,300 PyTorch calls, each a few
+  microseconds: about as long as streaming its weights. With `fused`, each RMSNorm is one kernel
+  call and each gated MLP's gate and up projections one GEMM (oilbird/fused_layers.py).
 - **Attention.** transformers copies the cache per query group whenever a mask is given;
   `oilbird.tree_attention` attends over it in place, on our kernel where it builds (on AVX2
   CPUs large trees go to PyTorch's SDPA with grouped heads, faster there).
 
 `tree_model(model, config)` returns a *copy* of the model's module tree that shares every weight
 tensor with the original (no second copy of the weights; packed GEMM weights are the only new
-memory) and has its `nn.Linear` layers swapped for `SkinnyLinear`, `PairsLinear` (bfloat16) or `PackedLinear` and its
-attention set to `SKINNY_ATTENTION` (or `TREE_ATTENTION`). The caller's model is left untouched:
+memory) and has its `nn.Linear` layers swapped for `SkinnyLinear`, `PairsLinear` (bfloat16) or `PackedLinear`
+(`Q4Linear` over GGUF blocks), its RMSNorms and MLPs for fused ones, and its attention set to
+`SKINNY_ATTENTION` (or `TREE_ATTENTION`). The caller's model is left untouched:
 the losslessness audit runs
 transformers' `generate()` on it, an independent reference with PyTorch's default kernels.
 Swapping layers on our own copy is how quantization backends plug into transformers; no
@@ -52,6 +56,7 @@ from dataclasses import dataclass
 import torch
 
 from oilbird.errors import ConfigError
+from oilbird.fused_layers import FusedMLP, FusedRMSNorm, fuse_layers
 from oilbird.gguf_weights import GGUFTensors, Q4Linear, q4_layers
 from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, kernels, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, SKINNY_HEAD_DIMS, TREE_ATTENTION
@@ -80,6 +85,8 @@ class ForwardConfig:
     """Linear layers: 'skinny' (our kernels, oilbird/skinny_gemm.py: float32 on AVX-512/AVX2, bfloat16 on AVX512_BF16 dot products; CPU), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
     q4_rows: int = 8192
     """The most rows a forward reads the decoder's linear weights for as the model's GGUF file holds them, 4-bit Q4_1 blocks, instead of their float32 copy (oilbird/gguf_weights.py): the same bits from a sixth of the bytes; larger forwards use the float32 kernel. 8192 (every forward of the presets): on two Zen 4 cores the blocks took 0.56x the float32 time at one row, 0.75x at 16, level at 64-128 rows and 0.97x for an 800-token prefill (scripts/q4_ab.py, docs/RESULTS.md). Float32 GGUF models on an AVX-512 CPU with gemm 'skinny'; elsewhere, and for layers not stored as Q4_1, it changes nothing. 0: never."""
+    fused: bool = True
+    """RMSNorm on one kernel call and a gated MLP's gate and up projections in one GEMM (oilbird/fused_layers.py), where the linear layers run our float32 kernels: the same model in fewer PyTorch calls (a one-token SmolLM2 forward makes ~1,300). The MLP's outputs are bit-identical; the norm's mean of squares is summed in float64, so its outputs differ from transformers' by an ulp now and then. False: transformers' own modules."""
     attention: str = "auto"
     """'skinny': tree attention on our kernel (CPU with AVX-512 or AVX2 and float32, or AVX512_BF16 and bfloat16; head_dim 64 or 128); 'tree': grouped-query attention over the cache in place by PyTorch's SDPA (oilbird/tree_attention.py); 'sdpa': transformers' SDPA, which copies the cache per query group under a tree mask; 'auto': skinny where it runs, else tree."""
 
@@ -186,7 +193,7 @@ class PackedLinear(torch.nn.Module):
 
 
 def describe_kernels(model: torch.nn.Module) -> str:
-    """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' or 'skinny+q4_1<=4/oilbird_skinny'
+    """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' or 'skinny+q4_1<=4+fused/oilbird_skinny'
     (for cost-curve keys and records)."""
     kinds = {type(m) for m in model.modules()}
     gemm = ("skinny" if SkinnyLinear in kinds else "skinny-bf16" if PairsLinear in kinds
@@ -194,6 +201,8 @@ def describe_kernels(model: torch.nn.Module) -> str:
     q4 = sorted({m.max_rows for m in model.modules() if isinstance(m, Q4Linear)})
     if q4:
         gemm += "+q4_1<=" + ",".join(map(str, q4))
+    if kinds & {FusedRMSNorm, FusedMLP}:
+        gemm += "+fused"
     return f"{gemm}/{model.config._attn_implementation}"
 
 
@@ -210,7 +219,8 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
         The model itself when `config` changes nothing; otherwise a copy of its module tree
         (weights shared, `nn.Linear` -> `SkinnyLinear` or `PackedLinear` where the GEMM is
         skinny or oneDNN, `Q4Linear` over the GGUF's Q4_1 blocks where `config.q4_rows` and `gguf`
-        allow, attention `SKINNY_ATTENTION` or `TREE_ATTENTION` where chosen).
+        allow, `FusedRMSNorm` and `FusedMLP` where `config.fused` and the float32 kernels allow,
+        attention `SKINNY_ATTENTION` or `TREE_ATTENTION` where chosen).
 
     Raises:
         ValueError: if `config` asks for a kernel this model's device or dtype cannot run.
@@ -232,6 +242,8 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
                 fast.set_submodule(name, layer(module))
     if config.q4_rows and gguf and layer is SkinnyLinear and kernels().q4_available():
         q4_layers(fast, gguf, config.q4_rows)  # layers not stored as Q4_1 keep the float32 kernel
+    if config.fused and layer is SkinnyLinear:
+        fuse_layers(fast)  # modules of another form keep transformers' own
     if attention != "sdpa":
         fast.set_attn_implementation(SKINNY_ATTENTION if attention == "skinny" else TREE_ATTENTION)
     return fast.eval()

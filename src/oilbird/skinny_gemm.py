@@ -34,7 +34,7 @@ import torch
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp",
            CSRC / "certified_topk.cpp", CSRC / "bf16_dot_gemm.cpp", CSRC / "key_search.cpp",
-           CSRC / "q4_gemm.cpp"]  # the module's translation units
+           CSRC / "q4_gemm.cpp", CSRC / "rms_norm.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_problem.h",
            CSRC / "tree_attention_avx2.h", CSRC / "tree_attention_lanes.h", CSRC / "topk_scan.h"]
 # Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).
@@ -166,6 +166,10 @@ def _adopt(layer: torch.nn.Module, linear: torch.nn.Linear) -> None:
 class SkinnyLinear(torch.nn.Module):
     """`nn.Linear` in float32 computed by the skinny kernel from weights packed once.
 
+    The packed copy is made on the first forward, not here: a layer whose forwards all read its
+    GGUF blocks instead (`oilbird.gguf_weights.Q4Linear`, which wraps this one for larger
+    forwards) then never holds it, and SmolLM2's decoder keeps 425 MB less.
+
     Args:
         linear: the layer to pack (float32 on the CPU); its weight and bias tensors are shared, not
             copied, and the packed copy is the only new memory.
@@ -182,22 +186,37 @@ class SkinnyLinear(torch.nn.Module):
         if linear.weight.dtype != torch.float32:
             raise ValueError(f"the skinny GEMM runs float32 only, not {linear.weight.dtype}")
         _adopt(self, linear)
+        self._packed: torch.Tensor | None = None  # [out padded/16, in, 16], made by `packed`
         padded = -self.out_features % 16  # the kernel works in blocks of 16 outputs
-        with torch.no_grad():
-            weight = linear.weight.detach()  # [out, in]
-            bias = None if linear.bias is None else linear.bias.detach()  # [out]
-            if padded:
-                weight = torch.cat([weight, weight.new_zeros(padded, self.in_features)])
-                bias = None if bias is None else torch.cat([bias, bias.new_zeros(padded)])
-            self.register_buffer("packed", module.pack(weight), persistent=False)  # [out/16, in, 16]
-            self.register_buffer("packed_bias", bias, persistent=False)  # [out padded] or None
+        bias = None if linear.bias is None else linear.bias.detach()  # [out]
+        if bias is not None and padded:
+            bias = torch.cat([bias, bias.new_zeros(padded)])
+        self.register_buffer("packed_bias", bias, persistent=False)  # [out padded] or None
+
+    @property
+    def packed(self) -> torch.Tensor:
+        """The weight in the kernel's layout [out padded/16, in, 16], packed on first use."""
+        if self._packed is None:
+            with torch.no_grad():
+                weight = self.weight.detach()  # [out, in]
+                padded = -self.out_features % 16
+                if padded:
+                    weight = torch.cat([weight, weight.new_zeros(padded, self.in_features)])
+                self._packed = kernels().pack(weight)
+        return self._packed
+
+    def share_packed(self, packed: torch.Tensor) -> None:
+        """Use `packed` (this layer's weight in the kernel's layout, e.g. a slice of a larger pack
+        that `oilbird.fused_layers.FusedMLP` made) instead of packing a copy of its own."""
+        blocks = (self.out_features + 15) // 16
+        if packed.shape != (blocks, self.in_features, 16) or packed.dtype != torch.float32:
+            raise ValueError(f"a pack of shape {(blocks, self.in_features, 16)} float32 expected, "
+                             f"got {tuple(packed.shape)} {packed.dtype}")
+        self._packed = packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        rows = x.reshape(-1, self.in_features).contiguous()  # [M, in]
-        out = kernels().linear(rows, self.packed, self.packed_bias)  # [M, out padded]
-        if out.shape[1] != self.out_features:
-            out = out[:, : self.out_features]
-        return out.reshape(*x.shape[:-1], self.out_features)
+        out = kernels().linear(x, self.packed, self.packed_bias)  # [..., out padded]
+        return out[..., : self.out_features] if out.shape[-1] != self.out_features else out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, skinny {isa()}"

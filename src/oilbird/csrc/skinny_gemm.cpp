@@ -42,6 +42,7 @@ bool q4_available();                                                            
 torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m);  // q4_gemm.cpp
 torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed,
                         const c10::optional<torch::Tensor>& bias);                // q4_gemm.cpp
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);  // rms_norm.cpp
 
 // W [N, K] float32 or bfloat16 (N a multiple of 16) -> the packed layout [N/16, K, 16], same dtype.
 torch::Tensor pack(const torch::Tensor& w) {
@@ -52,19 +53,25 @@ torch::Tensor pack(const torch::Tensor& w) {
   return w.contiguous().view({N / oilbird::kBlock, oilbird::kBlock, K}).transpose(1, 2).contiguous();
 }
 
-// x [M, K] float32 contiguous, packed [N/16, K, 16] float32 or bfloat16, bias [N] or None -> y [M, N] float32.
+// x [..., K] float32, packed [N/16, K, 16] float32 or bfloat16, bias [N] or None -> y [..., N] float32.
+// Any leading shape: reshaped here, where it costs a fraction of what it costs in Python.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed,
                      const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32,
-              "linear: x must be a contiguous 2-D float32 tensor");
-  const int64_t M = x.size(0), K = packed.size(1), N = packed.size(0) * oilbird::kBlock;
-  TORCH_CHECK(x.size(1) == K, "linear: x has ", x.size(1), " features, the weight ", K);
-  auto y = torch::empty({M, N}, x.options());
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32, "linear: x must be a float32 tensor [..., K]");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == oilbird::kBlock && packed.is_contiguous(),
+              "linear: a contiguous weight packed by pack");
+  const int64_t K = packed.size(1), N = packed.size(0) * oilbird::kBlock;
+  TORCH_CHECK(x.size(-1) == K, "linear: x has ", x.size(-1), " features, the weight ", K);
+  const auto rows = x.reshape({-1, K}).contiguous();  // [M, K]
+  const int64_t M = rows.size(0);
+  auto out_shape = x.sizes().vec();
+  out_shape.back() = N;
+  auto y = torch::empty(out_shape, x.options());  // [..., N]
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   if (packed.scalar_type() == torch::kBFloat16) {
-    oilbird::gemm(x.data_ptr<float>(), packed.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), M, K, N, b);
+    oilbird::gemm(rows.data_ptr<float>(), packed.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), M, K, N, b);
   } else {
-    oilbird::gemm(x.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, N, b);
+    oilbird::gemm(rows.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), M, K, N, b);
   }
   return y;
 }
@@ -87,4 +94,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_available", &q4_available, "whether the Q4_1 GEMM was built (AVX-512)");
   m.def("pack_q4", &pack_q4, "pack Q4_1 blocks (q [N, K] uint8, d and m [N, K/32] float16) into [N/16, K/32, 320]");
   m.def("linear_q4", &linear_q4, "y = x @ W^T (+ bias) from Q4_1 blocks, bit-identical to `linear` on fl(d q + m)");
+  m.def("rms_norm", &rms_norm, "RMSNorm of the last dimension in one pass (float32; the mean of squares in float64)");
 }

@@ -57,8 +57,10 @@ torch::Tensor tree_attention(const torch::Tensor& q, const torch::Tensor& k, con
   const std::string chosen = !kernel.empty() ? kernel : default_kernel((Hq / Hkv) * N);
   TORCH_CHECK(chosen == "lanes" || chosen == "two-pass", "tree_attention: unknown kernel '", kernel,
               "' (lanes or two-pass)");
-  // Causal (a prefill): no mask; both kernels skip the keys a tile of rows cannot see.
-  if (causal) {
+  // Causal (a prefill): no mask; both kernels skip the keys a tile of rows cannot see. One query
+  // without a mask (an autoregressive step) is the causal rule's last row: every key, and no
+  // [1, S] mask of zeros to allocate and add in each layer.
+  if (causal || (!mask.has_value() && N == 1)) {
     return chosen == "lanes" ? oilbird::lanes::run(queries, k, v, c10::nullopt, true)
                              : oilbird::avx2::run(queries, k, v, c10::nullopt, true);
   }

@@ -1,0 +1,220 @@
+"""Two forward configurations of one model, side by side in one process: which costs less, and does
+decoding stay the same.
+
+The host's speed drifts by up to a third within an hour, so two kernel choices are compared only
+inside one process, call by call. Two verifiers of the same model, one per `ForwardConfig`
+(`--a` and `--b`, e.g. `fused=false` against `fused=true`, or `q4_rows=0` against the default),
+time `TreeVerifier.verify` over a chain of N nodes on a cache of `--prefix` tokens (the forward
+decoding pays), alternating which goes first, fastest of `--repeats` rounds per N. Before timing
+it compares the two sides' top-k at every N: ids and float32 values equal (the same bits), or
+ids equal with the largest logit difference printed, or it stops where the argmax differs.
+
+With `--prefill 100,300,600` it also times prefills of so many prompt tokens from an empty cache.
+
+With `--bench N` it then serves N API-Bank requests (`--per-category`, stream order) end to end
+with each side's own benchmark harness (`oilbird.bench.Harness`: 'fit' budgets on each side's
+own cost curve, prefix caches, pools), request by request, alternating which side goes first,
+and prints each method's tokens/s on both sides, the ratio with its paired 90% interval, and how
+many outputs differ between the sides.
+
+Usage:
+  .venv/bin/python scripts/forward_ab.py --a fused=false --b fused=true --threads 2
+  .venv/bin/python scripts/forward_ab.py --a q4_rows=0 --b q4_rows=8192 --prefill 100,400 --out /tmp/ab.json
+  .venv/bin/python scripts/forward_ab.py --a fused=false --bench 20 --methods suffix,oilbird
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from oilbird.config import parse_bool
+from oilbird.cost_curve import probe_tokens
+from oilbird.kernels import ForwardConfig, describe_kernels
+from oilbird.models import load_model
+from oilbird.tree import DraftTree
+from oilbird.verifier import TreeVerifier
+
+
+def forward_config(spec: str) -> ForwardConfig:
+    """'field=value,field=value' (ForwardConfig's fields; '' = the defaults) -> the config."""
+    types = {f.name: f.type for f in dataclasses.fields(ForwardConfig)}
+    values = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, text = item.partition("=")
+        if name not in types:
+            raise argparse.ArgumentTypeError(f"unknown ForwardConfig field {name!r} (one of {', '.join(types)})")
+        kind = types[name]
+        values[name] = parse_bool(text) if kind in ("bool", bool) else int(text) if kind in ("int", int) else text
+    return ForwardConfig(**values)
+
+
+def chain_timer(verifier: TreeVerifier, prefix: int):
+    """A function n -> (seconds, verification) of one verify over a chain of n nodes, rolled back after."""
+    vocab = verifier.model.config.vocab_size
+    tokens = probe_tokens(vocab, prefix + 1 + 1024)
+    state = verifier.prefill(tokens[: prefix + 1])
+    anchor = state.anchor
+
+    def run(n: int):
+        tree = DraftTree.chain(anchor, tokens[prefix + 1: prefix + n], "probe")
+        start = time.perf_counter()
+        result = verifier.verify(state, tree)
+        seconds = time.perf_counter() - start
+        state.cache.crop(-(state.length - prefix))
+        state.length, state.anchor = prefix, anchor
+        return seconds, result
+
+    return run
+
+
+def compare_sides(timers: dict, sizes: list[int]) -> str:
+    """How the sides' top-k agree over all `sizes`: 'bit-identical' or 'ids equal, logits within X';
+    raises SystemExit where an argmax differs."""
+    worst = 0.0
+    for n in sizes:
+        a, b = (timer(n)[1] for timer in timers.values())
+        if not torch.equal(a.argmax, b.argmax):
+            raise SystemExit(f"the two sides' argmax differs at {n} nodes")
+        if torch.equal(a.topk_ids, b.topk_ids):
+            worst = max(worst, (a.topk_logits - b.topk_logits).abs().max().item())
+        else:
+            worst = float("inf")
+    if worst == 0.0:
+        return "top-k bit-identical at every size"
+    if worst == float("inf"):
+        return "argmax equal at every size, top-k ids differ somewhere"
+    return f"top-k ids equal at every size, logits within {worst:.2e}"
+
+
+def time_sides(timers: dict, sizes: list[int], repeats: int) -> dict:
+    """(side, n) -> fastest seconds of `repeats` rounds, the sides alternated and reversed each round."""
+    names = list(timers)
+    best = {(name, n): float("inf") for name in names for n in sizes}
+    for i in range(repeats):
+        for n in sizes:
+            for name in (names if i % 2 == 0 else names[::-1]):
+                best[name, n] = min(best[name, n], timers[name](n)[0])
+    return best
+
+
+def prefill_ab(loaded, models: dict, sizes: list[int], repeats: int) -> list[dict]:
+    """ms of a fresh prefill of n prompt tokens on each side, fastest of `repeats` alternated rounds."""
+    verifiers = {name: TreeVerifier(model, loaded.stop_ids) for name, model in models.items()}
+    vocab = loaded.model.config.vocab_size
+    timers = {name: (lambda n, v=v: (_seconds(lambda: v.prefill(probe_tokens(vocab, n + 1))), None))
+              for name, v in verifiers.items()}
+    best = time_sides(timers, sizes, repeats)
+    a, b = list(models)
+    print(f"| prompt tokens | {a} ms | {b} ms | {b} / {a} |\n| ---: | ---: | ---: | ---: |")
+    rows = []
+    for n in sizes:
+        x, y = best[a, n] * 1e3, best[b, n] * 1e3
+        rows.append(dict(prompt=n, a_ms=x, b_ms=y))
+        print(f"| {n} | {x:.1f} | {y:.1f} | {y / x:.2f} |")
+    return rows
+
+
+def _seconds(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def bench_ab(loaded, sides: dict, args) -> dict:
+    """Serve `args.bench` requests on both sides, request by request; per method the pooled
+    tokens/s of each side, the ratio and its interval, and the outputs that differ between sides."""
+    from oilbird.accuracy import Grader
+    from oilbird.bench import BenchConfig, Harness, encode_requests
+    from oilbird.budget import BudgetConfig
+    from oilbird.intervals import per_request, ratio_interval
+    from oilbird.verifier import VerifierConfig
+
+    config = BenchConfig(dataset="api-bank", per_category=args.per_category, limit=args.bench,
+                         max_new_tokens=64, methods=args.methods, budget="fit", audit=False, grade=False)
+    harnesses = {name: Harness(loaded, config, {}, VerifierConfig(), BudgetConfig(mode="auto"), forward)
+                 for name, forward in sides.items()}
+    requests = config.requests()
+    prompts = encode_requests(loaded, requests)
+    for harness in harnesses.values():
+        harness.warm_up(prompts[: config.warmup])
+    names = list(sides)
+    records = {name: [] for name in names}
+    for i, (request, ids) in enumerate(zip(requests, prompts)):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            records[name] += harnesses[name].serve(request, ids, Grader())
+        print(f"request {i + 1}/{len(requests)}", end="\r", flush=True)
+    a, b = names
+    result = {}
+    for label, _, _ in harnesses[a].variants:
+        served = {name: per_request(records[name], label) for name in names}
+        rate = {name: sum(t for t, _ in v.values()) / sum(s for _, s in v.values()) for name, v in served.items()}
+        outputs = {name: {r["request_id"]: r["output_ids"] for r in records[name] if r["method"] == label} for name in names}
+        differ = sum(outputs[a][i] != outputs[b].get(i) for i in outputs[a])
+        result[label] = dict(a_tps=rate[a], b_tps=rate[b], ratio=rate[b] / rate[a],
+                             interval=ratio_interval(served[b], served[a]), differ=differ, requests=len(served[a]))
+    print(f"\n{len(requests)} API-Bank requests, 64 new tokens, budget fit, {args.threads} threads, one process")
+    print(f"| method | {a} tokens/s | {b} tokens/s | {b} / {a} | 90% interval | vs ar ({a}) | vs ar ({b}) | outputs that differ |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
+    for label, row in result.items():
+        low, high = row["interval"] or (float("nan"), float("nan"))
+        row.update(vs_ar_a=row["a_tps"] / result["ar"]["a_tps"], vs_ar_b=row["b_tps"] / result["ar"]["b_tps"])
+        print(f"| {label} | {row['a_tps']:.1f} | {row['b_tps']:.1f} | {row['ratio']:.2f}x | {low:.2f}–{high:.2f} | "
+              f"{row['vs_ar_a']:.2f}x | {row['vs_ar_b']:.2f}x | {row['differ']}/{row['requests']} |")
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--a", default="", type=str, help="side a's ForwardConfig fields, e.g. fused=false ('': defaults)")
+    p.add_argument("--b", default="", type=str, help="side b's ForwardConfig fields ('': defaults)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prefix", type=int, default=512)
+    p.add_argument("--sizes", default="1,2,4,8,16,32,64")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--prefill", default="", help="also time prefills of these prompt lengths, e.g. 100,300,600")
+    p.add_argument("--bench", type=int, default=0, help="then serve this many API-Bank requests end to end (0: none)")
+    p.add_argument("--per-category", type=int, default=5)
+    p.add_argument("--methods", default="suffix,oilbird")
+    args = p.parse_args()
+    if args.a == args.b:
+        raise SystemExit("--a and --b name the same configuration")
+    torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    loaded = load_model(args.model, log=lambda _: None)
+    sides = {args.a or "default": forward_config(args.a), args.b or "default": forward_config(args.b)}
+    models = {name: loaded.tree_model(config) for name, config in sides.items()}
+    kinds = {name: describe_kernels(model) for name, model in models.items()}
+    timers = {name: chain_timer(TreeVerifier(model, loaded.stop_ids), args.prefix) for name, model in models.items()}
+    agreement = compare_sides(timers, sizes)
+    best = time_sides(timers, sizes, args.repeats)
+    a, b = list(sides)
+    print(f"{args.model}, cache {args.prefix}, {args.threads} threads, fastest of {args.repeats}, one process: "
+          f"a = {a} ({kinds[a]}), b = {b} ({kinds[b]}); {agreement}")
+    print(f"| nodes | {a} ms | {b} ms | {b} / {a} | {a} t(N)/t(1) | {b} t(N)/t(1) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    for n in sizes:
+        x, y = best[a, n] * 1e3, best[b, n] * 1e3
+        x1, y1 = best[a, sizes[0]] * 1e3, best[b, sizes[0]] * 1e3
+        rows.append(dict(nodes=n, a_ms=x, b_ms=y))
+        print(f"| {n} | {x:.2f} | {y:.2f} | {y / x:.2f} | {x / x1:.2f} | {y / y1:.2f} |")
+    prefills = [int(n) for n in args.prefill.split(",")] if args.prefill else []
+    prefill = prefill_ab(loaded, models, prefills, args.repeats) if prefills else None
+    bench = bench_ab(loaded, sides, args) if args.bench else None
+    if args.out:
+        args.out.write_text(json.dumps(dict(model=args.model, prefix=args.prefix, threads=args.threads,
+                                            repeats=args.repeats, sides=dict(a=a, b=b), kernels=kinds,
+                                            agreement=agreement, rows=rows, prefill=prefill, bench=bench),
+                                       indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
