@@ -185,11 +185,14 @@ def main() -> None:
     p.add_argument("--methods", default="suffix,oilbird")
     args = p.parse_args()
     if args.a == args.b:
-        raise SystemExit("--a and --b name the same configuration")
+        p.error("--a and --b name the same configuration")
+    try:  # before the model loads: a typo costs no wait
+        sides = {args.a or "default": forward_config(args.a), args.b or "default": forward_config(args.b)}
+    except (argparse.ArgumentTypeError, ValueError) as err:
+        p.error(str(err))
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     loaded = load_model(args.model, log=lambda _: None)
-    sides = {args.a or "default": forward_config(args.a), args.b or "default": forward_config(args.b)}
     models = {name: loaded.tree_model(config) for name, config in sides.items()}
     kinds = {name: describe_kernels(model) for name, model in models.items()}
     timers = {name: chain_timer(TreeVerifier(model, loaded.stop_ids), args.prefix) for name, model in models.items()}
