@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from oilbird.drafters import make_drafter
-from oilbird.drafters.oilbird import OilbirdConfig, OilbirdPLDConfig
+from oilbird.drafters.oilbird import OilbirdConfig
+from oilbird.drafters.oilbird_transplants import OilbirdPLDConfig
 from oilbird.errors import ConfigError
 from oilbird.semantic_store import RejectedPool, TraceStore, normalize
 from oilbird.tree import DraftTree
@@ -137,7 +138,7 @@ def test_a_layer_the_model_lacks_is_a_clear_error(smol, api_bank_prompts):
 # --- end to end on the real model ----------------------------------------------------------
 
 @pytest.mark.heavy(35)
-@pytest.mark.parametrize("method", ["oilbird", "oilbird-pld", "oilbird-tr"])
+@pytest.mark.parametrize("method", ["oilbird", "oilbird-pld", "oilbird-tr", "oilbird-suffix"])
 def test_output_equals_greedy_on_api_bank(serve_api_bank, method):
     """One drafter across 5 API-Bank requests on SmolLM2: every output is the greedy one."""
     results, tau = serve_api_bank(make_drafter(method), node_budget=60)

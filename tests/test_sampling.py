@@ -256,7 +256,7 @@ def ar_samples(smol):
 # rejection-sampling walk over prompt lookup's proposals.
 @pytest.mark.parametrize("method", [
     *(pytest.param(m, marks=pytest.mark.heavy(45)) for m in ("pld", "sam", "suffix", "tr", "goose", "oilbird",
-                                                             "oilbird-pld", "oilbird-tr")),
+                                                             "oilbird-pld", "oilbird-tr", "oilbird-suffix")),
     pytest.param("draft[model=self:8;k=3]", marks=pytest.mark.heavy(115)),
     pytest.param("draft[model=self:8;k=4;mla=true]", marks=pytest.mark.heavy(175))])
 def test_each_methods_token_histograms_match_ar_sampling(smol, ar_samples, method):

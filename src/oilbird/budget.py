@@ -52,6 +52,11 @@ class BudgetConfig:
     recheck_tolerance: float = 0.25
     """How far (as a fraction) a rechecked size's cost relative to the one-node step may move
     before the cached curve counts as stale."""
+    recheck_faster: float = 0.10
+    """How much faster (as a fraction) than the cached curve's one-node step the recheck's fastest
+    one-node forward may run before the cached curve counts as timed in a slow spell and is
+    measured again. A slower recheck keeps it (the curve keeps the fastest the host did); a slow
+    spell adds to every size alike and flattens the curve's shape."""
     fit_context: bool = False
     """In 'fit', estimate acceptance per outcome of the request's previous tree (oilbird/tree_select.py)."""
     fit_objective: str = "step"
@@ -66,6 +71,8 @@ class BudgetConfig:
             raise ValueError("explore_every must be >= 1 and decay in (0, 1]")
         if self.recheck_tolerance <= 0:
             raise ValueError(f"recheck_tolerance must be > 0, got {self.recheck_tolerance}")
+        if not 0 < self.recheck_faster < 1:
+            raise ValueError(f"recheck_faster must be in (0, 1), got {self.recheck_faster}")
         if self.fit_objective not in FIT_OBJECTIVES:
             raise ValueError(f"fit_objective must be one of {FIT_OBJECTIVES}, got {self.fit_objective!r}")
 

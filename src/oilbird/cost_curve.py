@@ -210,6 +210,26 @@ def moved_sizes(cached: dict[int, float], fresh: dict[int, float], tolerance: fl
             and abs((fresh[n] / fresh[base]) / (cached[n] / cached[base]) - 1) > tolerance]
 
 
+def stale_reason(cached: dict[int, float], fresh: dict[int, float], config: BudgetConfig) -> str | None:
+    """Why a recheck's timings (`fresh`) retire the cached curve, or None when it still holds.
+
+    Two ways: its shape moved (`moved_sizes`, beyond `recheck_tolerance`), or the host now runs
+    the smallest size more than `recheck_faster` faster than the curve says. The curve keeps the
+    fastest run of each size, so a faster recheck means it was timed in a slow spell; that adds
+    about the same milliseconds to every size (a busy memory bus slows the one-node step, which
+    streams the weights, as much as a larger forward) and so flattens the shape the budgets read.
+    """
+    moved = moved_sizes(cached, fresh, config.recheck_tolerance)
+    if moved:
+        return (f"its cost at {','.join(map(str, moved))} nodes moved more than "
+                f"{config.recheck_tolerance:.0%} against the one-node step")
+    base = min(fresh)
+    if fresh[base] < (1 - config.recheck_faster) * cached[base]:
+        return (f"{base} node(s) now take {1e3 * fresh[base]:.1f} ms against its {1e3 * cached[base]:.1f} ms "
+                f"(more than {config.recheck_faster:.0%} faster: it was timed in a slow spell)")
+    return None
+
+
 def host_cpu() -> str:
     """The processor, as far as costs go: family, model and widest vector ISA ('x86_64/25.17/avx512').
 
@@ -228,7 +248,8 @@ def load_or_measure(loaded, verifier, config: BudgetConfig, cache_dir: Path, log
     """The cached cost curve of `verifier` over `loaded` on this device, measured on first use.
 
     A cached curve is rechecked first (`BudgetConfig.recheck`): a few sizes are timed again and,
-    when the curve's shape has moved beyond `recheck_tolerance`, every size is measured anew.
+    when the curve's shape has moved beyond `recheck_tolerance` or the host now runs its smallest
+    size faster than it says (`stale_reason`), every size is measured anew.
 
     Args:
         loaded: the target (`LoadedModel`): names the model file and device in the key.
@@ -244,11 +265,9 @@ def load_or_measure(loaded, verifier, config: BudgetConfig, cache_dir: Path, log
     missing = [n for n in config.sizes() if n not in known]
     check = recheck_sizes(known)
     if config.recheck and len(check) > 1:  # a shape needs two sizes
-        moved = moved_sizes(known, probe_times(verifier, check, config.cost_prefix, repeats=3),
-                            config.recheck_tolerance)
-        if moved:
-            log(f"the cached cost curve no longer holds at {','.join(map(str, moved))} nodes "
-                f"(moved > {config.recheck_tolerance:.0%} against the one-node step): measuring it again")
+        why = stale_reason(known, probe_times(verifier, check, config.cost_prefix, repeats=3), config)
+        if why:
+            log(f"the cached cost curve no longer holds: {why}; measuring it again")
             known, missing = {}, config.sizes()
     if not missing:
         return CostCurve(points=known, key=key)

@@ -185,7 +185,8 @@ SEMANTIC_PAIRS = [("oilbird[sem_entry_budget=0]", "oilbird", "controlled pair (e
                   ("goose", "oilbird", "GOOSE vs Oilbird"),
                   ("goose@auto", "oilbird@auto", "GOOSE vs Oilbird, hardware-aware budget"),
                   ("pld", "oilbird-pld", "transplant into prompt lookup"),
-                  ("tr", "oilbird-tr", "transplant into Token Recycling")]
+                  ("tr", "oilbird-tr", "transplant into Token Recycling"),
+                  ("suffix", "oilbird-suffix", "transplant into SuffixDecoding")]
 
 
 def _gain(base: dict, new: dict) -> str:

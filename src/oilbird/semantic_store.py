@@ -67,7 +67,7 @@ class TraceStore:
 
     def __init__(self, dim: int, device: torch.device | str = "cpu", dtype: str = "float16",
                  max_records: int = 1_000_000, index: str = "auto",
-                 index_min_records: int = 32_768, index_lists: int = 256, index_probes: int = 8) -> None:
+                 index_min_records: int = 8_192, index_lists: int = 256, index_probes: int = 8) -> None:
         if index not in INDEX_MODES:
             raise ConfigError(f"index must be one of {INDEX_MODES}, got {index!r}")
         self.keys = KeyMatrix(dim, device, dtype)

@@ -3,8 +3,8 @@
 Importing this package registers every built-in drafter.
 """
 
-from oilbird.drafters import (ar, draft_model, goose, oilbird, pld, sam, suffix_decoding,  # noqa: F401  (import registers the drafters)
-                              suffix_reference, token_recycling)
+from oilbird.drafters import (ar, draft_model, goose, oilbird, oilbird_transplants, pld, sam,  # noqa: F401  (import registers the drafters)
+                              suffix_decoding, suffix_reference, token_recycling)
 from oilbird.drafters.base import Drafter
 from oilbird.drafters.registry import DRAFTERS, drafter_class, make_drafter, register
 

@@ -1,8 +1,8 @@
 """Oilbird: a lexical host drafter plus the semantic source, merged into one tree (ALGORITHMS.md §7).
 
-Every cycle: the host (GOOSE for `oilbird`; PLD or Token Recycling for the transplants) builds its
-tree at the full node budget. Where that tree drafts anything (the semantic key extends chains, it
-never opens one), the hidden state that predicted the anchor queries the tenant's trace store and
+Every cycle: the host (GOOSE for `oilbird`; PLD, Token Recycling or SuffixDecoding for the
+transplants, oilbird/drafters/oilbird_transplants.py) builds its tree at the full node budget.
+Where that tree drafts anything (the semantic key extends chains, it never opens one), the hidden state that predicted the anchor queries the tenant's trace store and
 rejected-branch pool (oilbird/semantic_store.py); each neighbor offers the continuation that
 followed it, with a copy depth sized by its similarity; the chains, best first, re-walk the host
 tree from the root and pay only for the nodes where they diverge, within the semantic entry
@@ -57,9 +57,7 @@ import torch
 
 from oilbird.drafters.base import Drafter, RequestState
 from oilbird.drafters.goose import Goose, GooseConfig
-from oilbird.drafters.pld import PLDConfig, PromptLookup
 from oilbird.drafters.registry import register
-from oilbird.drafters.token_recycling import TokenRecycling, TokenRecyclingConfig
 from oilbird.errors import ConfigError
 from oilbird.semantic_memory import SemanticConfig, SemanticMemory, Watermark
 from oilbird.semantic_merge import chain_depth, endorsed_continuation, merge_chains, merge_cost, rank_depth
@@ -349,24 +347,6 @@ class OilbirdConfig(SemanticConfig, GooseConfig):
         SemanticConfig.__post_init__(self)
 
 
-@dataclass
-class OilbirdPLDConfig(SemanticConfig, PLDConfig):
-    """The semantic source transplanted into prompt lookup (PLDConfig fields plus sem_* fields)."""
-
-    def __post_init__(self) -> None:
-        PLDConfig.__post_init__(self)
-        SemanticConfig.__post_init__(self)
-
-
-@dataclass
-class OilbirdTRConfig(SemanticConfig, TokenRecyclingConfig):
-    """The semantic source transplanted into Token Recycling (its fields plus sem_* fields)."""
-
-    def __post_init__(self) -> None:
-        TokenRecyclingConfig.__post_init__(self)
-        SemanticConfig.__post_init__(self)
-
-
 @register
 class Oilbird(SemanticDrafter):
     """Oilbird: GOOSE host + semantic source."""
@@ -374,21 +354,3 @@ class Oilbird(SemanticDrafter):
     name = "oilbird"
     Config = OilbirdConfig
     host_class = Goose
-
-
-@register
-class OilbirdPLD(SemanticDrafter):
-    """The semantic source inside prompt lookup, at PLD's unchanged budget."""
-
-    name = "oilbird-pld"
-    Config = OilbirdPLDConfig
-    host_class = PromptLookup
-
-
-@register
-class OilbirdTR(SemanticDrafter):
-    """The semantic source inside Token Recycling, at TR's unchanged budget."""
-
-    name = "oilbird-tr"
-    Config = OilbirdTRConfig
-    host_class = TokenRecycling
