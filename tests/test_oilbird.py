@@ -5,7 +5,7 @@ import torch
 
 from oilbird.drafters import make_drafter
 from oilbird.drafters.oilbird import OilbirdConfig
-from oilbird.drafters.oilbird_transplants import OilbirdPLDConfig
+from oilbird.drafters.oilbird_transplants import OilbirdPLDConfig, OilbirdSuffixConfig, OilbirdTRConfig
 from oilbird.errors import ConfigError
 from oilbird.semantic_store import RejectedPool, TraceStore, normalize
 from oilbird.tree import DraftTree
@@ -442,3 +442,16 @@ def test_paid_semantic_nodes_are_counted_as_the_engine_verified_them():
                 assert (counted >= 1) if keep_semantic else (counted == 0), counted
         drafter.stop_request(rid)
         assert fired, "the key never fired: the test would prove nothing"
+
+
+@pytest.mark.parametrize("config_class, bad_host_field", [
+    (OilbirdConfig, dict(top_k=0)), (OilbirdPLDConfig, dict(min_ngram=0)),
+    (OilbirdTRConfig, dict(top_k=0)), (OilbirdSuffixConfig, dict(max_depth=0))])
+def test_a_semantic_config_checks_its_hosts_fields_and_its_own(config_class, bad_host_field):
+    """SemanticConfig's checks hand over to the host config's (next in the MRO): a bad value of
+    either half is refused with its reason."""
+    config_class()  # the defaults pass both
+    with pytest.raises(ValueError, match=next(iter(bad_host_field))):
+        config_class(**bad_host_field)
+    with pytest.raises(ValueError, match="sem_theta"):
+        config_class(sem_theta=1.5)

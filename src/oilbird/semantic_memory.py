@@ -89,6 +89,11 @@ class SemanticConfig:
             raise ValueError("sem_top_k, sem_max_depth, sem_max_records and sem_rejected_depth must be >= 1")
         if self.sem_entry_budget < 0 or self.sem_rejected_capacity < 0 or not 0 <= self.sem_entry_share <= 1:
             raise ValueError("sem_entry_budget and sem_rejected_capacity must be >= 0, sem_entry_share in [0, 1]")
+        # A drafter's config lists SemanticConfig before its host's (`class C(SemanticConfig,
+        # HostConfig)`): the host's checks run next in the method resolution order.
+        host_checks = getattr(super(), "__post_init__", None)
+        if host_checks is not None:
+            host_checks()
 
 
 class SemanticMemory:

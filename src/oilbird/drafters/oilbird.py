@@ -342,10 +342,6 @@ class OilbirdConfig(SemanticConfig, GooseConfig):
     harvest_prefill: bool = False
     """Also fill the successor table from every prompt position's top-K (GOOSE's harvest). Off by default, as in Token Recycling's official code: on the make-bench slice it bought 2% of τ (3.36 against 3.29) for a 19% longer prefill, and Oilbird was faster without it (1.81x against 1.70x vs ar; docs/RESULTS.md)."""
 
-    def __post_init__(self) -> None:
-        GooseConfig.__post_init__(self)
-        SemanticConfig.__post_init__(self)
-
 
 @register
 class Oilbird(SemanticDrafter):

@@ -21,18 +21,10 @@ from oilbird.semantic_memory import SemanticConfig
 class OilbirdPLDConfig(SemanticConfig, PLDConfig):
     """The semantic source transplanted into prompt lookup (PLDConfig fields plus sem_* fields)."""
 
-    def __post_init__(self) -> None:
-        PLDConfig.__post_init__(self)
-        SemanticConfig.__post_init__(self)
-
 
 @dataclass
 class OilbirdTRConfig(SemanticConfig, TokenRecyclingConfig):
     """The semantic source transplanted into Token Recycling (its fields plus sem_* fields)."""
-
-    def __post_init__(self) -> None:
-        TokenRecyclingConfig.__post_init__(self)
-        SemanticConfig.__post_init__(self)
 
 
 @register
@@ -56,10 +48,6 @@ class OilbirdTR(SemanticDrafter):
 @dataclass
 class OilbirdSuffixConfig(SemanticConfig, SuffixDecodingConfig):
     """The semantic source transplanted into SuffixDecoding (its fields plus sem_* fields)."""
-
-    def __post_init__(self) -> None:
-        SuffixDecodingConfig.__post_init__(self)
-        SemanticConfig.__post_init__(self)
 
 
 @register
