@@ -21,27 +21,12 @@ import json
 
 import torch
 
-from oilbird.accuracy import Grader
-from oilbird.bench import BenchConfig, Harness, encode_requests
+from forward_ab import serve_alternating, side_rows  # scripts/ is on sys.path
+from oilbird.bench import BenchConfig, Harness
 from oilbird.budget import BudgetConfig
 from oilbird.cost_curve import CostCurve, measure_cost_curve
-from oilbird.intervals import per_request, ratio_interval
 from oilbird.models import load_model
 from oilbird.verifier import VerifierConfig
-
-
-def side_row(records: dict, label: str) -> dict:
-    """One method's tokens/s, forwards and nodes per forward on each side, and the paired interval."""
-    served = {side: per_request(recs, label) for side, recs in records.items()}
-    rate = {side: sum(t for t, _ in v.values()) / sum(s for _, s in v.values()) for side, v in served.items()}
-    mine = {side: [r for r in recs if r["method"] == label] for side, recs in records.items()}
-    forwards = {side: sum(r["forwards"] for r in rs) for side, rs in mine.items()}
-    nodes = {side: sum(sum(r["nodes_per_forward"]) for r in rs) / max(1, forwards[side]) for side, rs in mine.items()}
-    outputs = {side: {r["request_id"]: r["output_ids"] for r in rs} for side, rs in mine.items()}
-    differ = sum(outputs["a"][i] != outputs["b"].get(i) for i in outputs["a"])
-    return dict(a_tps=rate["a"], b_tps=rate["b"], ratio=rate["b"] / rate["a"],
-                interval=ratio_interval(served["b"], served["a"]), forwards=forwards, nodes=nodes,
-                differ=differ, requests=len(outputs["a"]))
 
 
 def main() -> None:
@@ -68,21 +53,12 @@ def main() -> None:
         harness.curves = {spec: curves[side] for spec in harness.curves}
         harness.policies = {label: p for label, spec, b in harness.variants if (p := harness.new_policy(spec, b))}
         print(f"side {side}: " + ", ".join(f"{n}: {1e3 * s:.1f} ms" for n, s in sorted(curves[side].points.items())))
-    requests = config.requests()
-    prompts = encode_requests(loaded, requests)
-    for harness in sides.values():
-        harness.warm_up(prompts[: config.warmup])
-    records = {"a": [], "b": []}
-    for i, (request, ids) in enumerate(zip(requests, prompts)):
-        for side in ("a", "b") if i % 2 == 0 else ("b", "a"):
-            records[side] += sides[side].serve(request, ids, Grader())
-        print(f"request {i + 1}/{len(requests)}", end="\r", flush=True)
-    print(f"\n{len(requests)} API-Bank requests, 64 new tokens, budget fit, {args.threads} threads, one process")
+    records = serve_alternating(sides, config)
+    rows = side_rows(records, [label for label, _, _ in sides["a"].variants])
+    print(f"{args.requests} API-Bank requests, 64 new tokens, budget fit, {args.threads} threads, one process")
     print("| method | a tokens/s | b tokens/s | b / a | 90% interval | forwards a / b | nodes a forward a / b | outputs that differ |")
     print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
-    rows = {}
-    for label, _, _ in sides["a"].variants:
-        row = rows[label] = side_row(records, label)
+    for label, row in rows.items():
         low, high = row["interval"] or (float("nan"), float("nan"))
         print(f"| {label} | {row['a_tps']:.1f} | {row['b_tps']:.1f} | {row['ratio']:.3f}x | {low:.2f}–{high:.2f} | "
               f"{row['forwards']['a']} / {row['forwards']['b']} | {row['nodes']['a']:.2f} / {row['nodes']['b']:.2f} | "

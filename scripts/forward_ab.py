@@ -126,39 +126,62 @@ def _seconds(call) -> float:
     return time.perf_counter() - start
 
 
+def serve_alternating(harnesses: dict, config) -> dict[str, list[dict]]:
+    """Serve `config`'s requests with each harness (two), request by request, alternating which
+    goes first; each side's records."""
+    from oilbird.accuracy import Grader
+    from oilbird.bench import encode_requests
+
+    requests = config.requests()
+    prompts = encode_requests(next(iter(harnesses.values())).loaded, requests)
+    for harness in harnesses.values():
+        harness.warm_up(prompts[: config.warmup])
+    names = list(harnesses)
+    records = {name: [] for name in names}
+    for i, (request, ids) in enumerate(zip(requests, prompts)):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            records[name] += harnesses[name].serve(request, ids, Grader())
+        print(f"request {i + 1}/{len(requests)}", end="\r", flush=True)
+    print()
+    return records
+
+
+def side_rows(records: dict[str, list[dict]], labels: list[str]) -> dict[str, dict]:
+    """Per method: each side's pooled tokens/s, forwards and nodes a forward, side b over side a
+    with its paired 90% interval, and the outputs that differ between the sides."""
+    from oilbird.intervals import per_request, ratio_interval
+
+    a, b = records
+    rows = {}
+    for label in labels:
+        served = {side: per_request(recs, label) for side, recs in records.items()}
+        rate = {side: sum(t for t, _ in v.values()) / sum(s for _, s in v.values()) for side, v in served.items()}
+        mine = {side: [r for r in recs if r["method"] == label] for side, recs in records.items()}
+        forwards = {side: sum(r["forwards"] for r in rs) for side, rs in mine.items()}
+        nodes = {side: sum(sum(r["nodes_per_forward"]) for r in rs) / max(1, forwards[side]) for side, rs in mine.items()}
+        outputs = {side: {r["request_id"]: r["output_ids"] for r in rs} for side, rs in mine.items()}
+        rows[label] = dict(a_tps=rate[a], b_tps=rate[b], ratio=rate[b] / rate[a],
+                           interval=ratio_interval(served[b], served[a]), forwards=forwards, nodes=nodes,
+                           differ=sum(outputs[a][i] != outputs[b].get(i) for i in outputs[a]),
+                           requests=len(outputs[a]))
+    return rows
+
+
 def bench_ab(loaded, sides: dict, args) -> dict:
     """Serve `args.bench` requests on both sides, request by request; per method the pooled
     tokens/s of each side, the ratio and its interval, and the outputs that differ between sides."""
-    from oilbird.accuracy import Grader
-    from oilbird.bench import BenchConfig, Harness, encode_requests
+    from oilbird.bench import BenchConfig, Harness
     from oilbird.budget import BudgetConfig
-    from oilbird.intervals import per_request, ratio_interval
     from oilbird.verifier import VerifierConfig
 
     config = BenchConfig(dataset="api-bank", per_category=args.per_category, limit=args.bench,
                          max_new_tokens=64, methods=args.methods, budget="fit", audit=False, grade=False)
     harnesses = {name: Harness(loaded, config, {}, VerifierConfig(), BudgetConfig(mode="auto"), forward)
                  for name, forward in sides.items()}
-    requests = config.requests()
-    prompts = encode_requests(loaded, requests)
-    for harness in harnesses.values():
-        harness.warm_up(prompts[: config.warmup])
-    names = list(sides)
-    records = {name: [] for name in names}
-    for i, (request, ids) in enumerate(zip(requests, prompts)):
-        for name in (names if i % 2 == 0 else names[::-1]):
-            records[name] += harnesses[name].serve(request, ids, Grader())
-        print(f"request {i + 1}/{len(requests)}", end="\r", flush=True)
-    a, b = names
-    result = {}
-    for label, _, _ in harnesses[a].variants:
-        served = {name: per_request(records[name], label) for name in names}
-        rate = {name: sum(t for t, _ in v.values()) / sum(s for _, s in v.values()) for name, v in served.items()}
-        outputs = {name: {r["request_id"]: r["output_ids"] for r in records[name] if r["method"] == label} for name in names}
-        differ = sum(outputs[a][i] != outputs[b].get(i) for i in outputs[a])
-        result[label] = dict(a_tps=rate[a], b_tps=rate[b], ratio=rate[b] / rate[a],
-                             interval=ratio_interval(served[b], served[a]), differ=differ, requests=len(served[a]))
-    print(f"\n{len(requests)} API-Bank requests, 64 new tokens, budget fit, {args.threads} threads, one process")
+    records = serve_alternating(harnesses, config)
+    a, b = list(sides)
+    result = side_rows(records, [label for label, _, _ in harnesses[a].variants])
+    print(f"{args.bench} API-Bank requests, 64 new tokens, budget fit, {args.threads} threads, one process")
     print(f"| method | {a} tokens/s | {b} tokens/s | {b} / {a} | 90% interval | vs ar ({a}) | vs ar ({b}) | outputs that differ |")
     print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     for label, row in result.items():
