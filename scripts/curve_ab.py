@@ -29,13 +29,24 @@ from oilbird.models import load_model
 from oilbird.verifier import VerifierConfig
 
 
+def curve_points(text: str) -> dict[int, float]:
+    """`--cached-points`: a JSON object of node counts to seconds, e.g. '{"1": 0.018, "8": 0.026}'."""
+    try:
+        points = {int(n): float(s) for n, s in json.loads(text).items()}
+    except (ValueError, AttributeError, TypeError):
+        raise argparse.ArgumentTypeError(f"not a JSON object of node counts to seconds: {text!r}") from None
+    if not points or min(points) < 1 or min(points.values()) <= 0:
+        raise argparse.ArgumentTypeError("needs node counts >= 1 and positive seconds")
+    return points
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--requests", type=int, default=60, help="API-Bank requests, a quarter per file")
     parser.add_argument("--methods", default="suffix,oilbird")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--cached-points", default=None,
+    parser.add_argument("--cached-points", default=None, type=curve_points,
                         help="side a's curve as JSON {nodes: seconds} instead of the cached one")
     parser.add_argument("--out", default=None, help="write the rows and both curves as JSON here")
     args = parser.parse_args()
@@ -48,7 +59,7 @@ def main() -> None:
     curves = {"a": next(iter(sides["a"].curves.values())),
               "b": measure_cost_curve(sides["b"].verifier, budget.sizes(), budget.cost_prefix)}
     if args.cached_points:
-        curves["a"] = CostCurve.from_json({"points": json.loads(args.cached_points)})
+        curves["a"] = CostCurve(points=args.cached_points)
     for side, harness in sides.items():
         harness.curves = {spec: curves[side] for spec in harness.curves}
         harness.policies = {label: p for label, spec, b in harness.variants if (p := harness.new_policy(spec, b))}

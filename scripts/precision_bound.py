@@ -63,6 +63,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="an `oilbird bench --out` directory (a finished run)")
     args = parser.parse_args(argv)
+    if not (args.run / "records.jsonl").exists():
+        raise SystemExit(f"{args.run} has no records.jsonl: give the --out directory of a finished `oilbird bench` run")
+    if not paid_seconds(args.run):
+        raise SystemExit(f"{args.run}'s records keep no per-forward seconds (runs made before stop 40)")
     print(f"{args.run}: each method's accepted paths verified as chains, its drafter free\n")
     print(bound_table(args.run))
 

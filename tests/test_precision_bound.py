@@ -34,3 +34,13 @@ def test_a_size_the_run_never_paid_is_priced_from_the_largest_per_node(tmp_path)
     (tmp_path / "records.jsonl").write_text(json.dumps(records[0]) + "\n")
     # 4 committed tokens, only 2-node forwards paid (10 ms): 4 nodes at 20 ms, 200 tokens/s
     assert "| x | 4.00 | 400.0 | 200.0 | 0.50 |" in precision_bound.bound_table(tmp_path)
+
+
+def test_a_directory_that_is_not_a_run_is_refused_with_the_reason(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit, match="has no records.jsonl: give the --out directory"):
+        precision_bound.main([str(tmp_path)])
+    (tmp_path / "records.jsonl").write_text(json.dumps(dict(method="ar", committed_per_forward=[1])) + "\n")
+    with pytest.raises(SystemExit, match="no per-forward seconds"):
+        precision_bound.main([str(tmp_path)])
