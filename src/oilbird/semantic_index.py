@@ -11,7 +11,8 @@ bounds that (the IVF scheme of the vector-search literature, without a second co
   no proposal pays for the whole store at once; each list holds absolute record ids, increasing.
 - `drop_below`: eviction forgets ids below a watermark by moving each list's head; no rebuild.
 - `search`: the `probes` centroids nearest the query; their lists' ids within the caller's range
-  are scored exactly on the store's own keys (float16 through `cosine_topk`'s kernel, or int8).
+  are scored exactly on the store's own keys (float16 keys on a CPU: gathered and scored in one
+  call of our kernel, csrc/key_search.cpp; else in PyTorch, float16 through `cosine_topk`, or int8).
 
 Approximate: a neighbor whose list is not probed is missed (recall against exact search:
 scripts/retrieval_crossover.py, docs/RESULTS.md). The index only chooses what is drafted;
@@ -143,6 +144,12 @@ class ListIndex:
         q = query.to(self.centroids.device, torch.float32)
         probed = (self.centroids @ q).topk(min(self.probes, len(self.ids))).indices.tolist()
         hi = first_id + visible
+        kernel = keys.list_kernel()
+        if kernel is not None:  # the same rows and scores, gathered in one call
+            values, rows = kernel.key_topk_lists(keys.keys, q, [self.ids[lst] for lst in probed],
+                                                 [self.head[lst] for lst in probed],
+                                                 [self.count[lst] for lst in probed], first_id, hi, k)
+            return values.tolist(), rows.tolist()
         parts = []
         for lst in probed:
             live = self.ids[lst][self.head[lst]:self.count[lst]]

@@ -166,6 +166,13 @@ class KeyMatrix:
         top = scores.topk(min(k, len(rows)))
         return top.values, top.indices
 
+    def list_kernel(self):
+        """Our compiled kernels where they can search these keys by inverted lists (float16 keys
+        on a CPU that runs them; `ListIndex.search`), else None."""
+        if self.kind != "float16" or self.device.type != "cpu":
+            return None
+        return _kernel()
+
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) as float32 [m, d] (dequantized)."""
         rows = self.keys[start:stop].float()

@@ -36,6 +36,11 @@ torch::Tensor pack_pairs(const torch::Tensor& w);                               
 torch::Tensor linear_pairs(const torch::Tensor& x, const torch::Tensor& packed);  // bf16_dot_gemm.cpp
 std::tuple<torch::Tensor, torch::Tensor> key_topk(const torch::Tensor& keys, const torch::Tensor& query,
                                                   int64_t start, int64_t stop, int64_t k);  // key_search.cpp
+std::tuple<torch::Tensor, torch::Tensor> key_topk_lists(const torch::Tensor& keys, const torch::Tensor& query,
+                                                        const std::vector<torch::Tensor>& lists,
+                                                        const std::vector<int64_t>& heads,
+                                                        const std::vector<int64_t>& counts, int64_t first_id,
+                                                        int64_t below_id, int64_t k);
 std::tuple<torch::Tensor, torch::Tensor> key_topk_rows(const torch::Tensor& keys, const torch::Tensor& query,
                                                        const torch::Tensor& rows, int64_t k);  // key_search.cpp
 bool q4_available();                                                               // q4_gemm.cpp
@@ -90,6 +95,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_pairs", &pack_pairs, "pack a [N, K] bfloat16 weight into [N/16, K/2, 32] input pairs");
   m.def("key_topk", &key_topk, "cosine top-k of a query over float16 key rows [start, stop)");
   m.def("key_topk_rows", &key_topk_rows, "cosine top-k of a query over listed float16 key rows");
+  m.def("key_topk_lists", &key_topk_lists, "cosine top-k of a query over the rows of inverted lists");
   m.def("linear_pairs", &linear_pairs, "y = bf16(x) @ W^T on AVX512_BF16 dot products");
   m.def("q4_available", &q4_available, "whether the Q4_1 GEMM was built (AVX-512)");
   m.def("pack_q4", &pack_q4, "pack Q4_1 blocks (q [N, K] uint8, d and m [N, K/32] float16) into [N/16, K/32, 320]");
