@@ -113,6 +113,29 @@ def test_bfloat16_gives_each_node_the_bits_of_a_one_token_step_over_its_path(cac
     assert torch.allclose(full.float(), ref, atol=1e-2, rtol=2 ** -7)  # one bfloat16 rounding
 
 
+@pytest.mark.skipif(not SKINNY, reason=f"the skinny kernels cannot run here: {WHY}")
+@pytest.mark.parametrize("nodes", [2, 3, 5, 6, 8, 11])
+def test_a_node_has_its_one_token_bits_whatever_the_tiles_of_its_tree(nodes):
+    # 3 query heads a group: a one-token step's 3 rows fill part of one tile; a tree's rows fill
+    # tiles and leave from 1 to all of a tile's lanes to its last one, beside other nodes' rows.
+    g = torch.Generator().manual_seed(nodes)
+    tree = DraftTree.root(1)
+    for n in range(1, nodes):
+        tree.add((n - 1) // 2, n + 1, "t")  # a binary tree: branches and chains
+    cached, dim = 45, 64
+    s = cached + nodes
+    query = torch.randn(1, 9, nodes, dim, generator=g)  # [B, H_q, N, D]
+    key, value = torch.randn(2, 1, 3, s, dim, generator=g)  # [B, H_kv, S, D] each
+    tree_out = kernels().tree_attention(query, key, value, tree.attention_mask(cached, torch.float32),
+                                        dim ** -0.5, INVARIANT_KERNEL)  # [1, N, H_q, D]
+    ancestors = tree.ancestor_matrix("cpu")  # [N, N]
+    for node in range(nodes):
+        cols = list(range(cached)) + [cached + j for j in range(nodes) if ancestors[node, j]]
+        one = kernels().tree_attention(query[:, :, node:node + 1].contiguous(), key[:, :, cols].contiguous(),
+                                       value[:, :, cols].contiguous(), None, dim ** -0.5, INVARIANT_KERNEL)
+        assert torch.equal(one[0, 0], tree_out[0, node]), node
+
+
 def test_the_skinny_kernel_leaves_what_it_does_not_cover_to_sdpa():
     g = torch.Generator().manual_seed(3)
     module = Attn(3)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,9 @@ class Server:
     url: str
     process: subprocess.Popen
     log: Path
+    rpc_dir: Path
+    """Where vLLM's processes put their ZeroMQ sockets (VLLM_RPC_BASE_PATH): vLLM leaves them in
+    the system's temporary directory otherwise, a few hundred after a few runs of this suite."""
     ready: bool = field(default=False)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
@@ -76,6 +81,7 @@ class Server:
             print(f"\n{self.name} had already exited (rc={self.process.returncode}); log tail:\n"
                   f"{self.log_tail()}", file=sys.stderr)
             _kill_group(self.process.pid, signal.SIGKILL)  # its engine processes, if any are left
+            shutil.rmtree(self.rpc_dir, ignore_errors=True)
             return
         _kill_group(self.process.pid, signal.SIGTERM)
         try:
@@ -84,12 +90,13 @@ class Server:
             _kill_group(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
         _kill_group(self.process.pid, signal.SIGKILL)  # stragglers of the group
-
+        shutil.rmtree(self.rpc_dir, ignore_errors=True)
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once, as a crash would: no shutdown code runs."""
         _kill_group(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
+        shutil.rmtree(self.rpc_dir, ignore_errors=True)
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -108,10 +115,13 @@ def _free_port() -> int:
 def start(name: str, argv: list[str], log: Path, env: dict[str, str]) -> Server:
     port = _free_port()
     argv = argv + ["--host", "127.0.0.1", "--port", str(port)]
+    # A short path of its own (a socket's path has at most 107 bytes): removed when it stops.
+    rpc_dir = Path(tempfile.mkdtemp(prefix="oilbird-rpc-"))
     with open(log, "wb") as out:
         out.write(f"$ {' '.join(argv)}\n".encode())
         out.flush()
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env},
+                                   env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
+                                        "VLLM_RPC_BASE_PATH": str(rpc_dir), **env},
                                    cwd=Path(__file__).resolve().parents[2], start_new_session=True)
-    return Server(name, f"http://127.0.0.1:{port}", process, log)
+    return Server(name, f"http://127.0.0.1:{port}", process, log, rpc_dir)
