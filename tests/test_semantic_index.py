@@ -63,7 +63,7 @@ def test_lists_hold_increasing_ids_and_forget_the_evicted():
     assert found[0] == 150 and all(0 <= r < 350 for r in found)
 
 
-def test_the_kernel_gathers_the_lists_as_pytorch_does(monkeypatch):
+def test_the_kernel_gathers_the_lists_as_pytorch_does():
     rows, keys, index = built(3000, 6, lists=16, probes=5, filed=2500, seed=3)
     keys.append(rows[:40])  # exact duplicates of rows 0-39: ties, which go to the lower row
     index.sync(keys, first_id=0, most=600)
@@ -75,9 +75,7 @@ def test_the_kernel_gathers_the_lists_as_pytorch_does(monkeypatch):
     queries = [rows[7], rows[2990]] + [normalize(torch.randn(1, 32, generator=g))[0] for _ in range(8)]
     for visible in (2940, 2000, 37):
         got = [index.search(keys, q, 6, first_id=100, visible=visible) for q in queries]
-        with monkeypatch.context() as m:
-            m.setattr(keys, "list_kernel", lambda: None)
-            want = [index.search(keys, q, 6, first_id=100, visible=visible) for q in queries]
+        want = [index.search(keys, q, 6, first_id=100, visible=visible, kernel=False) for q in queries]
         assert [found for _, found in got] == [found for _, found in want]
         assert all(all(0 <= r < visible for r in found) for _, found in got)
         assert [sims for sims, _ in got] == [sims for sims, _ in want]  # the same float32 sums

@@ -128,7 +128,7 @@ class ListIndex:
 
     @torch.no_grad()
     def search(self, keys: KeyMatrix, query: torch.Tensor, k: int, first_id: int,
-               visible: int) -> tuple[list[float], list[int]]:
+               visible: int, kernel: bool = True) -> tuple[list[float], list[int]]:
         """The k best indexed rows among the first `visible` (row 0's id is `first_id`).
 
         Args:
@@ -137,6 +137,9 @@ class ListIndex:
             k: most rows returned.
             first_id: the id of the store's row 0 (its evicted count).
             visible: rows [0, visible) may be returned.
+            kernel: gather and score the lists' rows in one call of our kernel where it runs
+                (`KeyMatrix.list_kernel`); False: in PyTorch (the same rows and sums; for
+                measurements, scripts/retrieval_crossover.py).
 
         Returns:
             (similarities, row indices), best first.
@@ -144,9 +147,9 @@ class ListIndex:
         q = query.to(self.centroids.device, torch.float32)
         probed = (self.centroids @ q).topk(min(self.probes, len(self.ids))).indices.tolist()
         hi = first_id + visible
-        kernel = keys.list_kernel()
-        if kernel is not None:  # the same rows and scores, gathered in one call
-            values, rows = kernel.key_topk_lists(keys.keys, q, [self.ids[lst] for lst in probed],
+        module = keys.list_kernel() if kernel else None
+        if module is not None:  # the same rows and scores, gathered in one call
+            values, rows = module.key_topk_lists(keys.keys, q, [self.ids[lst] for lst in probed],
                                                  [self.head[lst] for lst in probed],
                                                  [self.count[lst] for lst in probed], first_id, hi, k)
             return values.tolist(), rows.tolist()
