@@ -34,6 +34,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -280,6 +281,7 @@ def main(argv=None) -> int:
     finally:
         for e in engines.values():
             e.close()
+        shutil.rmtree(io, ignore_errors=True)  # the workload file and the engines' hand-offs
     records = [pooled(m, {k: v for k, v in startup[m].items() if k != "ok"}, results[m])
                for m in args.method_list]
     base = records[0]
