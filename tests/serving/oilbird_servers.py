@@ -37,8 +37,9 @@ class Server:
     process: subprocess.Popen
     log: Path
     rpc_dir: Path
-    """Where vLLM's processes put their ZeroMQ sockets (VLLM_RPC_BASE_PATH): vLLM leaves them in
-    the system's temporary directory otherwise, a few hundred after a few runs of this suite."""
+    """The server's temporary directory (TMPDIR) and where vLLM's processes put their ZeroMQ
+    sockets (VLLM_RPC_BASE_PATH): vLLM leaves sockets and `vllm_dist_*` directories in the
+    system's temporary directory otherwise, a few hundred after a few runs of this suite."""
     ready: bool = field(default=False)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
@@ -121,7 +122,7 @@ def start(name: str, argv: list[str], log: Path, env: dict[str, str]) -> Server:
         out.write(f"$ {' '.join(argv)}\n".encode())
         out.flush()
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
+                                   env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(rpc_dir),
                                         "VLLM_RPC_BASE_PATH": str(rpc_dir), **env},
                                    cwd=Path(__file__).resolve().parents[2], start_new_session=True)
     return Server(name, f"http://127.0.0.1:{port}", process, log, rpc_dir)
