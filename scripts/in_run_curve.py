@@ -13,8 +13,13 @@ every cost by one factor leaves its choice unchanged), so the two ratio columns 
 The paid seconds are the forward alone (`Verification.forward_s`); the curve times the whole
 `verify` call (mask, forward, walk, cache compaction), a few tenths of a millisecond more.
 
+With `--cache-band 448,576` it also compares the curve with the forwards that attended a cache of
+about the curve's own length (each forward's cache: its prompt and the tokens committed before
+it), at the paid 10th percentile and median, and fits how a forward's cost grows with its cache.
+
 Usage:
   .venv/bin/python scripts/in_run_curve.py docs/runs/make-bench-zen4-w
+  .venv/bin/python scripts/in_run_curve.py docs/runs/issue15/stop45/api-bank-100-t2 --cache-band 448,576
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+import numpy as np
 
 from oilbird.cost_curve import CostCurve
 
@@ -38,6 +45,43 @@ def paid_seconds(run: Path) -> dict[int, list[float]]:
             for nodes, s in zip(record["nodes_per_forward"], seconds):
                 paid[nodes].append(s)
     return paid
+
+
+def paid_by_cache(run: Path) -> dict[int, list[tuple[int, float]]]:
+    """Node count -> (cache length, seconds) of every verification forward: the cache a forward
+    attends is the prompt (less its last token, the anchor) plus the tokens committed before it."""
+    paid: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for line in (run / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        seconds = record.get("forward_s_per_forward")
+        if not seconds:
+            continue
+        cached = record["prompt_len"] - 1
+        for nodes, committed, s in zip(record["nodes_per_forward"], record["committed_per_forward"], seconds):
+            paid[nodes].append((cached, s))
+            cached += committed
+    return paid
+
+
+def band_table(paid: dict[int, list[tuple[int, float]]], curve: CostCurve, low: int, high: int,
+               min_forwards: int) -> str:
+    """Markdown: per node count, the forwards over a cache of `low`..`high` tokens (the curve's
+    own length in between): the fitted cost beside the paid 10th percentile and median, and how
+    much a forward's cost grew per 100 cached tokens over all the run's forwards of that size
+    (a least-squares line, the slowest tenth left out)."""
+    lines = [f"| nodes | forwards, cache {low}-{high} | fitted ms | paid p10 ms | paid median ms | "
+             "ms per 100 cached tokens (all forwards) |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for nodes in sorted(paid):
+        inside = [s for cached, s in paid[nodes] if low <= cached <= high]
+        if len(inside) < min_forwards:
+            continue
+        cached, seconds = np.array(paid[nodes]).T  # [F] each
+        keep = seconds < np.quantile(seconds, 0.9)
+        slope = np.polyfit(cached[keep], seconds[keep], 1)[0] if keep.sum() > 1 else float("nan")
+        lines.append(f"| {nodes} | {len(inside)} | {1e3 * curve.cost(nodes):.2f} | "
+                     f"{1e3 * np.quantile(inside, 0.1):.2f} | {1e3 * statistics.median(inside):.2f} | "
+                     f"{1e5 * slope:.2f} |")
+    return "\n".join(lines)
 
 
 def table(paid: dict[int, list[float]], curve: CostCurve, min_forwards: int) -> str:
@@ -58,7 +102,16 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="an `oilbird bench --out` directory (a finished run)")
     parser.add_argument("--min-forwards", type=int, default=10, help="print node counts with at least this many forwards")
+    parser.add_argument("--cache-band", default=None, metavar="LOW,HIGH",
+                        help="also compare the curve with the forwards over a cache of LOW..HIGH tokens, e.g. 448,576")
     args = parser.parse_args(argv)
+    band = None
+    if args.cache_band:
+        try:
+            band = tuple(int(x) for x in args.cache_band.split(","))
+            assert len(band) == 2 and 0 <= band[0] <= band[1]
+        except (ValueError, AssertionError):
+            raise SystemExit(f"--cache-band must be LOW,HIGH cache lengths, LOW <= HIGH, got {args.cache_band!r}") from None
     missing = [name for name in ("records.jsonl", "summary.json") if not (args.run / name).exists()]
     if missing:
         raise SystemExit(f"{args.run} has no {' or '.join(missing)}: give the --out directory of a "
@@ -72,6 +125,9 @@ def main(argv=None) -> None:
     curve = CostCurve.from_json(summary["budget_curve"])
     print(f"{args.run}: the curve its trees were fitted to against the forwards it paid\n")
     print(table(paid, curve, args.min_forwards))
+    if band:
+        print(f"\nForwards over a cache of {band[0]}-{band[1]} tokens:\n")
+        print(band_table(paid_by_cache(args.run), curve, band[0], band[1], args.min_forwards))
 
 
 if __name__ == "__main__":

@@ -43,3 +43,34 @@ def test_a_directory_that_is_not_a_finished_run_is_named(tmp_path):
     (tmp_path / "records.jsonl").write_text("")
     with pytest.raises(SystemExit, match="no summary.json: give the --out directory"):
         in_run_curve.main([str(tmp_path)])
+
+
+def test_the_cache_band_prices_forwards_by_the_cache_they_attended(tmp_path):
+    # Two requests, prompts of 501 and 901 tokens: their forwards attend caches from 500 and 900.
+    # A one-node forward costs 10 ms plus 1 ms per 100 cached tokens; eight nodes cost 10 ms more.
+    def cost(nodes, cached):
+        return (10 + cached / 100 + (10 if nodes == 8 else 0)) / 1e3
+    records = []
+    for prompt in (501, 901):
+        nodes, committed, seconds, cached = [1, 8] * 10, [1, 3] * 10, [], prompt - 1
+        for n, c in zip(nodes, committed):
+            seconds.append(cost(n, cached))
+            cached += c
+        records.append(dict(method="sam", prompt_len=prompt, nodes_per_forward=nodes,
+                            committed_per_forward=committed, forward_s_per_forward=seconds))
+    run = _run(tmp_path, records, {1: 0.015, 8: 0.025})
+    by_cache = in_run_curve.paid_by_cache(run)
+    assert by_cache[1][:2] == [(500, cost(1, 500)), (504, cost(1, 504))]  # the cache grows by what was committed
+    table = in_run_curve.band_table(by_cache, CostCurve(points={1: 0.015, 8: 0.025}), 448, 576, 5)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()[2:]}
+    assert rows["1"][0] == "10" and rows["8"][0] == "10"  # only the first request's forwards are in the band
+    assert rows["1"][1] == "15.00" and rows["8"][1] == "25.00"  # the fitted costs
+    assert float(rows["1"][-1]) == pytest.approx(1.0, abs=0.01)  # 1 ms per 100 cached tokens
+    assert float(rows["8"][3]) > float(rows["8"][2])  # median above the 10th percentile
+
+
+def test_a_malformed_cache_band_is_refused(tmp_path):
+    run = _run(tmp_path, [dict(method="ar", prompt_len=10, nodes_per_forward=[1], committed_per_forward=[1],
+                               forward_s_per_forward=[0.02])], {1: 0.02})
+    with pytest.raises(SystemExit, match="--cache-band must be LOW,HIGH"):
+        in_run_curve.main([str(run), "--cache-band", "576,448"])

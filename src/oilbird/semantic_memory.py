@@ -56,7 +56,7 @@ class SemanticConfig:
     sem_index_probes: int = 8
     """'lists': lists searched per query; more finds more of the exact neighbors and reads more keys."""
     sem_index_min_records: int = 8_192
-    """Where 'auto' moves from exact search to the lists: exact search reads every key at every proposal (1.29 ms a retrieval at 30,885 records on two cores), the lists a few percent of them (0.75 ms a retrieval there, most of it fixed costs), at a recall measured by scripts/retrieval_crossover.py. On the 100-request API-Bank stream (31,000 records at its end) lists from 8,192 records made Oilbird 1.02x faster than from 32,768, at the same τ (docs/RESULTS.md, stop 45)."""
+    """Where 'auto' moves from exact search to the lists: exact search reads every key at every proposal (1.29 ms a retrieval at 30,885 records on two cores), the lists a few percent of them (0.75 ms a retrieval there at stop 45, most of it fixed costs, some since moved into one kernel call), at a recall measured by scripts/retrieval_crossover.py. On the 100-request API-Bank stream (31,000 records at its end) lists from 8,192 records made Oilbird 1.02x faster than from 32,768, at the same τ (docs/RESULTS.md, stop 45)."""
     sem_rejected_pool: bool = True
     """Keep and search the rejected-branch pool."""
     sem_rejected_capacity: int = 4096
