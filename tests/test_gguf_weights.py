@@ -1,11 +1,12 @@
-"""The GGUF's own Q4_1 weights: blocks read in llama.cpp's layout, a kernel whose output equals the
-float32 kernel's on the de-quantized weights bit for bit, and on the real model the same logits."""
+"""The GGUF's own Q4_1 and Q5_0 weights: blocks read in llama.cpp's layout, a kernel whose output
+equals the float32 kernel's on the de-quantized weights bit for bit, and on the real model the same logits."""
 
 import numpy as np
 import pytest
 import torch
 
-from oilbird.gguf_weights import Q4Linear, dequantize, read_q4_1, row_order
+from oilbird.fused_layers import FusedMLP
+from oilbird.gguf_weights import Q4Linear, dequantize, read_q4_1, read_q5_0, row_order
 from oilbird.kernels import ForwardConfig, describe_kernels
 from oilbird.skinny_gemm import SkinnyLinear, kernels, skinny_available
 
@@ -32,6 +33,31 @@ def test_blocks_are_read_in_llama_cpp_layout():
     assert q.shape == (1, 64) and dd.shape == mm.shape == (1, 2)
     assert q[0, :16].tolist() == list(range(16)) and q[0, 16:32].tolist() == [15 - j for j in range(16)]
     assert dequantize(q, dd, mm)[0, 3].item() == 0.5 * 3 - 1.0
+
+
+def q5_blocks(n: int, k: int, seed: int):
+    """Random Q5_0 blocks of an [n, k] weight in llama.cpp's bytes (gguf-py's quantizer), read
+    back, and the float32 weight gguf-py's de-quantizer (transformers' loader) makes of them."""
+    from gguf import GGMLQuantizationType, quants
+
+    weight = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
+    raw = quants.quantize(weight, GGMLQuantizationType.Q5_0)  # [n, k / 32 * 22] uint8
+    loaded = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q5_0).astype(np.float32))
+    return (*read_q5_0(raw), loaded)
+
+
+def test_q5_0_blocks_are_read_in_llama_cpp_layout():
+    # d, a word of fifth bits (bit j: input j), then byte j = input j (low nibble) | input j + 16 (high).
+    q = [(7 * j + 3) % 32 for j in range(32)]
+    fifth = sum((v >> 4) << j for j, v in enumerate(q))
+    nibbles = np.array([(q[j] & 15) | ((q[j + 16] & 15) << 4) for j in range(16)], dtype=np.uint8)
+    block = np.concatenate([np.array([0.25], dtype=np.float16).view(np.uint8),
+                            np.array([fifth], dtype=np.uint32).view(np.uint8), nibbles])
+    qq, d, m = read_q5_0(block[None, :])  # [1, 22]
+    assert qq[0].tolist() == q and d.item() == 0.25 and m.item() == -4.0
+    assert dequantize(qq, d, m)[0].tolist() == [0.25 * (v - 16) for v in q]
+    q, d, m, loaded = q5_blocks(64, 96, 0)  # gguf-py's own bytes and values: the same weights, bit for bit
+    assert int(q.max()) > 15 and torch.equal(dequantize(q, d, m), loaded)
 
 
 def test_row_order_finds_the_loaders_permutation_or_none():
@@ -63,6 +89,45 @@ def test_the_q4_kernel_gives_the_float32_kernels_bits_at_every_row_count(shape):
             assert torch.equal(kernels().linear_q4(x, packed, bias), kernels().linear(x, dense, bias))
     finally:
         torch.set_num_threads(threads)
+
+
+@needs_q4
+@pytest.mark.parametrize("shape", [(896, 896), (128, 896), (48, 64)])
+def test_the_kernel_on_five_bit_blocks_gives_the_float32_kernels_bits_at_every_row_count(shape):
+    n, k = shape
+    q, d, m, weight = q5_blocks(n, k, n + k)
+    linear = torch.nn.Linear(k, n)  # Qwen2.5's projections have a bias
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    dense = SkinnyLinear(linear)
+    layer = Q4Linear(dense, q, d, m, max_rows=64, block_type="Q5_0")
+    assert layer.bits == 5 and layer.packed_q4.shape[-1] == 384 and "Q5_0" in repr(layer)
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                for rows in [*range(1, 18), 33, 64]:  # one pass up to 16 rows, rebuilt tiles above
+                    x = torch.randn(rows, k)
+                    assert torch.equal(layer(x), dense(x)), (t, rows)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_q4
+def test_a_gated_mlp_fuses_only_projections_in_one_block_layout():
+    q5, d5, m5, w5 = q5_blocks(64, 64, 1)
+    q4, d4, m4, w4 = random_blocks(64, 64, 2)
+    layers = []
+    for w, q, d, m, kind in ((w5, q5, d5, m5, "Q5_0"), (w4, q4, d4, m4, "Q4_1")):
+        linear = torch.nn.Linear(64, 64, bias=False)
+        with torch.no_grad():
+            linear.weight.copy_(w)
+        layers.append(Q4Linear(SkinnyLinear(linear), q, d, m, max_rows=8, block_type=kind))
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn = layers[0], layers[1], layers[1], torch.nn.SiLU()
+    with pytest.raises(ValueError, match="5- and 4-bit"):
+        FusedMLP(mlp)
 
 
 @needs_q4

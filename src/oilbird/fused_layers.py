@@ -94,7 +94,9 @@ class FusedMLP(torch.nn.Module):
             if isinstance(gate, Q4Linear):
                 if gate.max_rows != up.max_rows:
                     raise ValueError("gate and up projections read their blocks up to different row counts")
-                packed = torch.cat([gate.packed_q4, up.packed_q4])  # [2 * blocks, K/32, 320]
+                if gate.bits != up.bits:  # one call runs one block layout
+                    raise ValueError(f"gate and up projections in {gate.bits}- and {up.bits}-bit blocks")
+                packed = torch.cat([gate.packed_q4, up.packed_q4])  # [2 * blocks, K/32, 320 or 384]
                 gate.packed_q4, up.packed_q4 = packed[:blocks], packed[blocks:]  # views: one copy in all
                 self._linear = kernels().linear_q4
                 self._max_elements = gate.max_rows * gate.in_features

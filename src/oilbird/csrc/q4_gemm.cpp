@@ -1,6 +1,7 @@
-// Few-row GEMM on weights as a GGUF file holds them in Q4_1 (llama.cpp's 4-bit blocks):
-// y[M, N] = x[M, K] @ W[N, K]^T (+ bias), where every 32 inputs of an output share a float16
-// scale d and minimum m and each weight is w = d * q + m with q in 0..15.
+// Few-row GEMM on weights as a GGUF file holds them in Q4_1 or Q5_0 (llama.cpp's 4- and 5-bit
+// blocks): y[M, N] = x[M, K] @ W[N, K]^T (+ bias), where every 32 inputs of an output share a
+// float16 scale d and offset m and each weight is w = d * q + m, with q in 0..15 (Q4_1, m the
+// block's minimum) or 0..31 (Q5_0: m = -16 d, so w = d * (q - 16), the loader's d * (q - 16)).
 //
 // The default model's GGUF stores its decoder's linear layers so, and transformers' loader
 // de-quantizes them to float32 as fl(d * q + m): d * q is exact in float32 (11 + 4 bits), one
@@ -15,7 +16,9 @@
 //
 // Layout per block of 16 outputs and group of 32 inputs (320 bytes, five cache lines):
 // d[16] float16, m[16] float16, then 16 input pairs of 16 bytes (byte j: output j's even input in
-// the low nibble, its odd input in the high one).
+// the low nibble, its odd input in the high one). Five-bit blocks add 16 words of 32 bits (384
+// bytes): per input pair, bit j the even input's fifth bit of output j, bit 16 + j the odd one's,
+// read straight into mask registers (an OR of 16 under the mask: no shuffles, no extra ALU work).
 //
 // AVX-512 only (q4_available() says whether it was built); elsewhere the float32 kernel serves.
 
@@ -25,6 +28,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -35,8 +39,11 @@ namespace {
 
 constexpr int64_t kB = 16;                  // outputs per block
 constexpr int64_t kG = 32;                  // inputs per Q4_1 group
-constexpr int64_t kGroupBytes = 32 + 32 + 256;  // d[16] f16, m[16] f16, 16 pairs x 16 bytes
-constexpr int64_t kLines = kGroupBytes / 64;    // 5
+constexpr int64_t kNibbleBytes = 32 + 32 + 256;         // d[16] f16, m[16] f16, 16 pairs x 16 bytes
+constexpr int64_t kHighBytes = kNibbleBytes + 16 * 4;    // and 16 pairs x 32 fifth bits (Q5_0)
+
+// Bytes of one group of 16 outputs x 32 inputs.
+constexpr int64_t group_bytes(bool five) { return five ? kHighBytes : kNibbleBytes; }
 
 }  // namespace
 
@@ -48,46 +55,72 @@ bool q4_available() {
 #endif
 }
 
-// q [N, K] uint8 (0..15), d and m [N, K/32] float16 -> [N/16, K/32, 320] bytes.
-torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m) {
+// q [N, K] uint8 (0..15, or 0..31 with `bits` 5), d and m [N, K/32] float16 -> [N/16, K/32, 320]
+// bytes (384 with `bits` 5).
+torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m, int64_t bits) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8, "pack_q4: q must be a 2-D uint8 tensor");
   const int64_t N = q.size(0), K = q.size(1);
   TORCH_CHECK(N % kB == 0 && K % kG == 0, "pack_q4: out_features must be a multiple of 16 and in_features of 32");
   TORCH_CHECK(d.scalar_type() == torch::kHalf && m.scalar_type() == torch::kHalf && d.dim() == 2 &&
                   d.size(0) == N && d.size(1) == K / kG && m.sizes() == d.sizes(),
               "pack_q4: d and m must be float16 [N, K/32]");
-  TORCH_CHECK(q.max().item<int>() <= 15, "pack_q4: q must hold 4-bit values (0..15)");
+  TORCH_CHECK(bits == 4 || bits == 5, "pack_q4: bits must be 4 or 5, got ", bits);
+  TORCH_CHECK(q.max().item<int>() < (1 << bits), "pack_q4: q must hold ", bits, "-bit values");
   const int64_t groups = K / kG;
   // d, m: [N/16, 16, G] -> [N/16, G, 16]; q: [N/16, 16, G, 16 pairs, 2] -> [N/16, G, 16 pairs, 16]
   torch::Tensor dm = torch::stack({d.view({N / kB, kB, groups}).transpose(1, 2), m.view({N / kB, kB, groups}).transpose(1, 2)}, 2)
                 .contiguous().view({N / kB, groups, 2 * kB}).view(torch::kUInt8);  // [N/16, G, 64]
-  torch::Tensor qq = q.contiguous().view({N / kB, kB, groups, kG / 2, 2});
-  torch::Tensor nibbles = qq.select(4, 0).bitwise_or(qq.select(4, 1).mul(16)).permute({0, 2, 3, 1}).contiguous()
+  torch::Tensor low = q.bitwise_and(15).contiguous().view({N / kB, kB, groups, kG / 2, 2});
+  torch::Tensor nibbles = low.select(4, 0).bitwise_or(low.select(4, 1).mul(16)).permute({0, 2, 3, 1}).contiguous()
                      .view({N / kB, groups, 256});  // [N/16, G, 256]
-  return torch::cat({dm, nibbles}, 2).contiguous();  // [N/16, G, 320]
+  if (bits == 4) return torch::cat({dm, nibbles}, 2).contiguous();  // [N/16, G, 320]
+  // Fifth bits: per pair a 32-bit little-endian word, bit s * 16 + j = output j's input 2 kk + s.
+  torch::Tensor high = q.bitwise_right_shift(4).contiguous().view({N / kB, kB, groups, kG / 2, 2})
+                     .permute({0, 2, 3, 4, 1}).contiguous().view({N / kB, groups, kG / 2, 4, 8});
+  torch::Tensor weights = torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, torch::kUInt8);
+  torch::Tensor words = high.mul(weights).sum(4).to(torch::kUInt8).view({N / kB, groups, 64});  // [N/16, G, 64]
+  return torch::cat({dm, nibbles, words}, 2).contiguous();  // [N/16, G, 384]
 }
 
 #if defined(__AVX512F__)
 namespace {
 
+// The 16 weights of one input pair's even and odd input (lo, hi: q in 32-bit lanes) for the 16
+// outputs of a block, from its 16 nibble bytes and, for five-bit blocks, its word of fifth bits.
+template <bool Five>
+inline void unpack_pair(const uint8_t* group, int64_t kk, __m512i& lo, __m512i& hi) {
+  const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 64 + kk * kB)));
+  lo = _mm512_and_si512(raw, _mm512_set1_epi32(0x0F));
+  hi = _mm512_srli_epi32(raw, 4);
+  if constexpr (Five) {
+    // Bits 0-15 of the pair's word: the even input's fifth bits; 16-31: the odd one's.
+    uint16_t even, odd;  // (memcpy: an unaligned load the compiler turns into a mask load)
+    std::memcpy(&even, group + kNibbleBytes + kk * 4, 2);
+    std::memcpy(&odd, group + kNibbleBytes + kk * 4 + 2, 2);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    lo = _mm512_mask_or_epi32(lo, static_cast<__mmask16>(even), lo, sixteen);
+    hi = _mm512_mask_or_epi32(hi, static_cast<__mmask16>(odd), hi, sixteen);
+  }
+}
+
 // M rows by NB blocks starting at block nb0, over all K.
-template <int M, int NB>
+template <bool Five, int M, int NB>
 void q4_block(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, int64_t nb0, const float* bias) {
+  constexpr int64_t kBytes = group_bytes(Five), kLines = (kBytes + 63) / 64;
   __m512 acc[M][NB];
   for (int r = 0; r < M; ++r)
     for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
   const int64_t groups = K / kG;
   const uint8_t* w[NB];
-  for (int b = 0; b < NB; ++b) w[b] = wp + (nb0 + b) * groups * kGroupBytes;
-  const __m512i low = _mm512_set1_epi32(0x0F);
+  for (int b = 0; b < NB; ++b) w[b] = wp + (nb0 + b) * groups * kBytes;
   for (int64_t g = 0; g < groups; ++g) {
     __m512 dv[NB], mv[NB];
     for (int b = 0; b < NB; ++b) {
-      const uint8_t* p = w[b] + g * kGroupBytes;
+      const uint8_t* p = w[b] + g * kBytes;
       // Far ahead into L2 (the memory stream), near ahead into L1, as the float32 kernel does.
       for (int l = 0; l < kLines; ++l) {
-        _mm_prefetch(reinterpret_cast<const char*>(p + 16 * kGroupBytes + l * 64), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(p + 3 * kGroupBytes + l * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + 16 * kBytes + l * 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(p + 3 * kBytes + l * 64), _MM_HINT_T0);
       }
       dv[b] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));  // exact widening
       mv[b] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
@@ -95,13 +128,10 @@ void q4_block(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N,
     for (int64_t kk = 0; kk < kG / 2; ++kk) {
       __m512 w0[NB], w1[NB];
       for (int b = 0; b < NB; ++b) {
-        // 16 bytes -> 16 lanes of 32 bits; the low nibble is input k, the high one input k + 1.
-        const __m512i raw = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b] + g * kGroupBytes + 64 + kk * kB)));
-        const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(raw, low));
-        const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4));
-        w0[b] = _mm512_fmadd_ps(dv[b], lo, mv[b]);  // fl(d * q + m): the loader's float32 weight
-        w1[b] = _mm512_fmadd_ps(dv[b], hi, mv[b]);
+        __m512i lo, hi;  // the low nibble is input k, the high one input k + 1
+        unpack_pair<Five>(w[b] + g * kBytes, kk, lo, hi);
+        w0[b] = _mm512_fmadd_ps(dv[b], _mm512_cvtepi32_ps(lo), mv[b]);  // fl(d * q + m): the loader's float32 weight
+        w1[b] = _mm512_fmadd_ps(dv[b], _mm512_cvtepi32_ps(hi), mv[b]);
       }
       const int64_t k = g * kG + 2 * kk;
       for (int r = 0; r < M; ++r) {  // input k, then k + 1: each row's sum in k order
@@ -122,49 +152,51 @@ void q4_block(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N,
     }
 }
 
-template <int M, int NB>
+template <bool Five, int M, int NB>
 void q4_spread(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, const float* bias) {
   const int64_t blocks = N / kB, groups = blocks / NB;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) q4_block<M, NB>(x, wp, y, K, N, g * NB, bias);
+    for (int64_t g = g0; g < g1; ++g) q4_block<Five, M, NB>(x, wp, y, K, N, g * NB, bias);
   });
-  for (int64_t nb = groups * NB; nb < blocks; ++nb) q4_block<M, 1>(x, wp, y, K, N, nb, bias);
+  for (int64_t nb = groups * NB; nb < blocks; ++nb) q4_block<Five, M, 1>(x, wp, y, K, N, nb, bias);
 }
 
 // M rows in one pass: NB blocks at a time, NB the widest of 4, 2, 1 that fits the registers
 // (M x NB accumulators, 2 NB rebuilt weights, 2 NB scales) and whose busiest thread reads the
 // fewest blocks (SmolLM2's 12-block k and v projections in groups of 4 would leave a thread idle).
-template <int M>
+template <bool Five, int M>
 void q4_rows(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, const float* bias) {
   constexpr int NB = M <= 3 ? 4 : M <= 8 ? 2 : 1;
   const int64_t blocks = N / kB, threads = std::max(1, at::get_num_threads());
   auto busiest = [&](int64_t nb) { return (blocks / nb + threads - 1) / threads * nb + blocks % nb; };
   if constexpr (NB > 2) {
-    if (busiest(2) < busiest(NB) && busiest(2) <= busiest(1)) return q4_spread<M, 2>(x, wp, y, K, N, bias);
+    if (busiest(2) < busiest(NB) && busiest(2) <= busiest(1)) return q4_spread<Five, M, 2>(x, wp, y, K, N, bias);
   }
   if constexpr (NB > 1) {
-    if (busiest(1) < busiest(NB) && (NB <= 2 || busiest(1) < busiest(2))) return q4_spread<M, 1>(x, wp, y, K, N, bias);
+    if (busiest(1) < busiest(NB) && (NB <= 2 || busiest(1) < busiest(2))) return q4_spread<Five, M, 1>(x, wp, y, K, N, bias);
   }
-  q4_spread<M, NB>(x, wp, y, K, N, bias);
+  q4_spread<Five, M, NB>(x, wp, y, K, N, bias);
 }
 
 // Rebuild the float32 weights of `nb` blocks starting at block nb0 into buf [nb][K][16] (the float32
 // kernel's packed layout): fma(d, q, m), the same values the one-pass kernel uses.
+template <bool Five>
 void rebuild(const uint8_t* wp, float* buf, int64_t K, int64_t nb0, int64_t nb) {
+  constexpr int64_t kBytes = group_bytes(Five);
   const int64_t groups = K / kG;
-  const __m512i low = _mm512_set1_epi32(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* w = wp + (nb0 + b) * groups * kGroupBytes;
+    const uint8_t* w = wp + (nb0 + b) * groups * kBytes;
     float* out = buf + b * K * kB;
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* p = w + g * kGroupBytes;
+      const uint8_t* p = w + g * kBytes;
       const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
       const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
       for (int64_t kk = 0; kk < kG / 2; ++kk) {
-        const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + kk * kB)));
+        __m512i lo, hi;
+        unpack_pair<Five>(p, kk, lo, hi);
         const int64_t k = g * kG + 2 * kk;
-        _mm512_storeu_ps(out + k * kB, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(raw, low)), mv));
-        _mm512_storeu_ps(out + (k + 1) * kB, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4)), mv));
+        _mm512_storeu_ps(out + k * kB, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(lo), mv));
+        _mm512_storeu_ps(out + (k + 1) * kB, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(hi), mv));
       }
     }
   }
@@ -173,6 +205,7 @@ void rebuild(const uint8_t* wp, float* buf, int64_t K, int64_t nb0, int64_t nb) 
 // Many rows: per group of the float32 kernel's kTallBlocks blocks, rebuild its weights once into a
 // per-thread buffer (K x 32 floats: L2-resident) and run the float32 kernel's row tiles over it,
 // as its tall path does over weights it reads from memory once. Same FMA order, same bits.
+template <bool Five>
 void q4_tall(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
   namespace o = oilbird;
   constexpr int64_t NB = o::kTallBlocks;
@@ -182,7 +215,7 @@ void q4_tall(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, 
     std::vector<float> buf(NB * K * kB);
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t nb0 = g * NB, nb = std::min(NB, blocks - nb0);
-      rebuild(wp, buf.data(), K, nb0, nb);
+      rebuild<Five>(wp, buf.data(), K, nb0, nb);
       const float* b = bias ? bias + nb0 * kB : nullptr;
       for (int64_t t = 0, m = 0; t < ntiles; ++t) {
         const int64_t rows = base + (t < extra ? 1 : 0);
@@ -196,19 +229,31 @@ void q4_tall(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, 
 
 using RowsFn = void (*)(const float*, const uint8_t*, float*, int64_t, int64_t, const float*);
 constexpr int kMaxRows = 16;  // rows of one pass over the blocks; more rows: q4_tall
-constexpr RowsFn kRows[kMaxRows + 1] = {nullptr, q4_rows<1>, q4_rows<2>, q4_rows<3>, q4_rows<4>, q4_rows<5>,
-                                        q4_rows<6>, q4_rows<7>, q4_rows<8>, q4_rows<9>, q4_rows<10>,
-                                        q4_rows<11>, q4_rows<12>, q4_rows<13>, q4_rows<14>, q4_rows<15>,
-                                        q4_rows<16>};
+template <bool Five>
+constexpr RowsFn kRows[kMaxRows + 1] = {nullptr, q4_rows<Five, 1>, q4_rows<Five, 2>, q4_rows<Five, 3>,
+                                        q4_rows<Five, 4>, q4_rows<Five, 5>, q4_rows<Five, 6>, q4_rows<Five, 7>,
+                                        q4_rows<Five, 8>, q4_rows<Five, 9>, q4_rows<Five, 10>, q4_rows<Five, 11>,
+                                        q4_rows<Five, 12>, q4_rows<Five, 13>, q4_rows<Five, 14>,
+                                        q4_rows<Five, 15>, q4_rows<Five, 16>};
+
+template <bool Five>
+void q4_gemm(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
+  if (M > kMaxRows) {
+    q4_tall<Five>(x, wp, y, M, K, N, bias);
+  } else if (M > 0) {
+    kRows<Five>[M](x, wp, y, K, N, bias);
+  }
+}
 
 }  // namespace
 #endif
 
-// x [..., K] float32, packed [N/16, K/32, 320] (pack_q4), bias [N] float32 or None -> y [..., N] float32.
+// x [..., K] float32, packed [N/16, K/32, 320 or 384] (pack_q4), bias [N] float32 or None -> y [..., N] float32.
 torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(q4_available(), "linear_q4: built without AVX-512");
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32, "linear_q4: x must be a float32 tensor [..., K]");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kGroupBytes && packed.scalar_type() == torch::kUInt8,
+  TORCH_CHECK(packed.dim() == 3 && (packed.size(2) == kNibbleBytes || packed.size(2) == kHighBytes) &&
+                  packed.scalar_type() == torch::kUInt8,
               "linear_q4: a weight packed by pack_q4");
   const int64_t K = packed.size(1) * kG, N = packed.size(0) * kB;
   TORCH_CHECK(x.size(-1) == K, "linear_q4: x has ", x.size(-1), " features, the weight ", K);
@@ -222,10 +267,10 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed, con
 #if defined(__AVX512F__)
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  if (M > kMaxRows) {
-    q4_tall(rows.data_ptr<float>(), wp, y.data_ptr<float>(), M, K, N, b);
-  } else if (M > 0) {
-    kRows[M](rows.data_ptr<float>(), wp, y.data_ptr<float>(), K, N, b);
+  if (packed.size(2) == kHighBytes) {
+    q4_gemm<true>(rows.data_ptr<float>(), wp, y.data_ptr<float>(), M, K, N, b);
+  } else {
+    q4_gemm<false>(rows.data_ptr<float>(), wp, y.data_ptr<float>(), M, K, N, b);
   }
 #endif
   return y;

@@ -44,7 +44,8 @@ std::tuple<torch::Tensor, torch::Tensor> key_topk_lists(const torch::Tensor& key
 std::tuple<torch::Tensor, torch::Tensor> key_topk_rows(const torch::Tensor& keys, const torch::Tensor& query,
                                                        const torch::Tensor& rows, int64_t k);  // key_search.cpp
 bool q4_available();                                                               // q4_gemm.cpp
-torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m);  // q4_gemm.cpp
+torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m,
+                      int64_t bits);                                              // q4_gemm.cpp
 torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed,
                         const c10::optional<torch::Tensor>& bias);                // q4_gemm.cpp
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);  // rms_norm.cpp
@@ -97,8 +98,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("key_topk_rows", &key_topk_rows, "cosine top-k of a query over listed float16 key rows");
   m.def("key_topk_lists", &key_topk_lists, "cosine top-k of a query over the rows of inverted lists");
   m.def("linear_pairs", &linear_pairs, "y = bf16(x) @ W^T on AVX512_BF16 dot products");
-  m.def("q4_available", &q4_available, "whether the Q4_1 GEMM was built (AVX-512)");
-  m.def("pack_q4", &pack_q4, "pack Q4_1 blocks (q [N, K] uint8, d and m [N, K/32] float16) into [N/16, K/32, 320]");
-  m.def("linear_q4", &linear_q4, "y = x @ W^T (+ bias) from Q4_1 blocks, bit-identical to `linear` on fl(d q + m)");
+  m.def("q4_available", &q4_available, "whether the Q4_1 / Q5_0 GEMM was built (AVX-512)");
+  m.def("pack_q4", &pack_q4, "pack 4- or 5-bit blocks (q [N, K] uint8, d and m [N, K/32] float16) into "
+        "[N/16, K/32, 320 or 384]", py::arg("q"), py::arg("d"), py::arg("m"), py::arg("bits") = 4);
+  m.def("linear_q4", &linear_q4, "y = x @ W^T (+ bias) from Q4_1 or Q5_0 blocks, bit-identical to `linear` on fl(d q + m)");
   m.def("rms_norm", &rms_norm, "RMSNorm of the last dimension in one pass (float32; the mean of squares in float64)");
 }
