@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from oilbird.fused_layers import FusedMLP, FusedRMSNorm, fuse_layers
-from oilbird.gguf_weights import Q4Linear
+from oilbird.gguf_weights import BlockLinear
 from oilbird.kernels import ForwardConfig, describe_kernels
 from oilbird.skinny_gemm import SkinnyLinear, kernels, skinny_available
 
@@ -127,7 +127,7 @@ def test_smollm2_fused_forward_gives_the_same_tokens(smol):
     mlps = [m for m in fused.modules() if isinstance(m, FusedMLP)]
     layers = smol.model.config.num_hidden_layers
     assert len(norms) == 2 * layers + 1 and len(mlps) == layers
-    assert isinstance(mlps[0].gate_proj, Q4Linear)  # the GGUF's blocks, joined
+    assert isinstance(mlps[0].gate_proj, BlockLinear)  # the GGUF's blocks, joined
     assert not any(isinstance(m, (FusedRMSNorm, FusedMLP)) for m in plain.modules())
     assert describe_kernels(fused).endswith("+fused/oilbird_skinny") and "fused" not in describe_kernels(plain)
     assert fused.model.norm.weight is smol.model.model.norm.weight  # weights still shared

@@ -1,12 +1,14 @@
-"""The GGUF's own Q4_1 and Q5_0 weights: blocks read in llama.cpp's layout, a kernel whose output
-equals the float32 kernel's on the de-quantized weights bit for bit, and on the real model the same logits."""
+"""Layers on the GGUF's own blocks: a kernel whose output equals the float32 kernel's on the
+de-quantized weights bit for bit (4-bit, 5-bit and byte-plane layouts), the loader's row order,
+refusals, and on the real model the same logits. The readers: tests/test_gguf_blocks.py."""
 
 import numpy as np
 import pytest
 import torch
 
 from oilbird.fused_layers import FusedMLP
-from oilbird.gguf_weights import Q4Linear, dequantize, read_q4_1, read_q5_0, row_order
+from oilbird.gguf_blocks import BLOCK_READERS, dequantize, read_q5_0
+from oilbird.gguf_weights import BlockLinear, row_order
 from oilbird.kernels import ForwardConfig, describe_kernels
 from oilbird.skinny_gemm import SkinnyLinear, kernels, skinny_available
 
@@ -23,18 +25,6 @@ def random_blocks(n: int, k: int, seed: int):
     return q, d, m, dequantize(q, d, m)
 
 
-def test_blocks_are_read_in_llama_cpp_layout():
-    # One row of two blocks: d, m float16, then byte j = input j (low nibble) | input j + 16 (high).
-    d, m = np.float16(0.5), np.float16(-1.0)
-    nibbles = np.array([(j % 16) | (((15 - j) % 16) << 4) for j in range(16)], dtype=np.uint8)
-    block = np.concatenate([np.array([d, m], dtype=np.float16).view(np.uint8), nibbles])
-    raw = np.concatenate([block, block])[None, :]  # [1, 40]
-    q, dd, mm = read_q4_1(raw)
-    assert q.shape == (1, 64) and dd.shape == mm.shape == (1, 2)
-    assert q[0, :16].tolist() == list(range(16)) and q[0, 16:32].tolist() == [15 - j for j in range(16)]
-    assert dequantize(q, dd, mm)[0, 3].item() == 0.5 * 3 - 1.0
-
-
 def q5_blocks(n: int, k: int, seed: int):
     """Random Q5_0 blocks of an [n, k] weight in llama.cpp's bytes (gguf-py's quantizer), read
     back, and the float32 weight gguf-py's de-quantizer (transformers' loader) makes of them."""
@@ -46,18 +36,16 @@ def q5_blocks(n: int, k: int, seed: int):
     return (*read_q5_0(raw), loaded)
 
 
-def test_q5_0_blocks_are_read_in_llama_cpp_layout():
-    # d, a word of fifth bits (bit j: input j), then byte j = input j (low nibble) | input j + 16 (high).
-    q = [(7 * j + 3) % 32 for j in range(32)]
-    fifth = sum((v >> 4) << j for j, v in enumerate(q))
-    nibbles = np.array([(q[j] & 15) | ((q[j + 16] & 15) << 4) for j in range(16)], dtype=np.uint8)
-    block = np.concatenate([np.array([0.25], dtype=np.float16).view(np.uint8),
-                            np.array([fifth], dtype=np.uint32).view(np.uint8), nibbles])
-    qq, d, m = read_q5_0(block[None, :])  # [1, 22]
-    assert qq[0].tolist() == q and d.item() == 0.25 and m.item() == -4.0
-    assert dequantize(qq, d, m)[0].tolist() == [0.25 * (v - 16) for v in q]
-    q, d, m, loaded = q5_blocks(64, 96, 0)  # gguf-py's own bytes and values: the same weights, bit for bit
-    assert int(q.max()) > 15 and torch.equal(dequantize(q, d, m), loaded)
+def k_quant_blocks(kind: str, n: int, k: int, seed: int):
+    """Random Q4_K / Q6_K / Q8_0 bytes of an [n, k] weight (finite float16 scales), read back, and
+    gguf-py's de-quantized float32 weight."""
+    from gguf import GGMLQuantizationType, quants
+
+    from test_gguf_blocks import random_raw  # tests/ is on sys.path
+
+    raw = random_raw(kind, n, k, seed)
+    loaded = torch.from_numpy(quants.dequantize(raw, getattr(GGMLQuantizationType, kind)).astype(np.float32))
+    return (*BLOCK_READERS[kind](raw), loaded)
 
 
 def test_row_order_finds_the_loaders_permutation_or_none():
@@ -100,7 +88,7 @@ def test_the_kernel_on_five_bit_blocks_gives_the_float32_kernels_bits_at_every_r
     with torch.no_grad():
         linear.weight.copy_(weight)
     dense = SkinnyLinear(linear)
-    layer = Q4Linear(dense, q, d, m, max_rows=64, block_type="Q5_0")
+    layer = BlockLinear(dense, q, d, m, max_rows=64, block_type="Q5_0")
     assert layer.bits == 5 and layer.packed_q4.shape[-1] == 384 and "Q5_0" in repr(layer)
     threads = torch.get_num_threads()
     try:
@@ -115,6 +103,31 @@ def test_the_kernel_on_five_bit_blocks_gives_the_float32_kernels_bits_at_every_r
 
 
 @needs_q4
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
+def test_the_byte_plane_gives_the_float32_kernels_bits_at_every_row_count(kind):
+    n, k = (896, 512) if kind != "Q8_0" else (128, 896)  # Qwen2.5's down and value projections' widths
+    q, d, m, weight = k_quant_blocks(kind, n, k, 7)
+    linear = torch.nn.Linear(k, n, bias=kind == "Q8_0")
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    dense = SkinnyLinear(linear)
+    layer = BlockLinear(dense, q, d, m, max_rows=64, block_type=kind)
+    assert layer.bits == 8 and layer.packed_q4.shape == (n // 16, k // 16, 384)
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                for rows in [*range(1, 18), 40]:
+                    x = torch.randn(rows, k)
+                    assert torch.equal(layer(x), dense(x)), (t, rows)
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels().pack_q8(q, d.half(), m)
+
+
+@needs_q4
 def test_a_gated_mlp_fuses_only_projections_in_one_block_layout():
     q5, d5, m5, w5 = q5_blocks(64, 64, 1)
     q4, d4, m4, w4 = random_blocks(64, 64, 2)
@@ -123,7 +136,7 @@ def test_a_gated_mlp_fuses_only_projections_in_one_block_layout():
         linear = torch.nn.Linear(64, 64, bias=False)
         with torch.no_grad():
             linear.weight.copy_(w)
-        layers.append(Q4Linear(SkinnyLinear(linear), q, d, m, max_rows=8, block_type=kind))
+        layers.append(BlockLinear(SkinnyLinear(linear), q, d, m, max_rows=8, block_type=kind))
     mlp = torch.nn.Module()
     mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn = layers[0], layers[1], layers[1], torch.nn.SiLU()
     with pytest.raises(ValueError, match="5- and 4-bit"):
@@ -136,7 +149,7 @@ def test_q4_linear_refuses_blocks_that_are_not_its_weight_and_bad_input():
     linear = torch.nn.Linear(64, 32, bias=False)
     with torch.no_grad():
         linear.weight.copy_(weight)
-    layer = Q4Linear(SkinnyLinear(linear), q, d, m, max_rows=4)
+    layer = BlockLinear(SkinnyLinear(linear), q, d, m, max_rows=4)
     x = torch.randn(3, 64)
     with torch.inference_mode():
         assert torch.equal(layer(x), SkinnyLinear(linear)(x))
@@ -145,7 +158,7 @@ def test_q4_linear_refuses_blocks_that_are_not_its_weight_and_bad_input():
     q2 = q.clone()
     q2[4, 10] ^= 1  # one nibble off
     with pytest.raises(ValueError, match="bit for bit"):
-        Q4Linear(SkinnyLinear(linear), q2, d, m, max_rows=4)
+        BlockLinear(SkinnyLinear(linear), q2, d, m, max_rows=4)
     with pytest.raises(RuntimeError, match="4-bit"):
         kernels().pack_q4(q + 16, d, m)
     with pytest.raises(RuntimeError, match="multiple of 16"):
@@ -160,11 +173,11 @@ def test_the_float32_copy_is_packed_only_when_a_forward_needs_it():
     linear = torch.nn.Linear(64, 32)
     with torch.no_grad():
         linear.weight.copy_(weight)
-    layer = Q4Linear(SkinnyLinear(linear), q, d, m, max_rows=4)
+    layer = BlockLinear(SkinnyLinear(linear), q, d, m, max_rows=4)
     with torch.inference_mode():
         small = layer(torch.randn(2, 4, 64))[0]  # [2, 4, 64]: 8 rows, above max_rows
         assert layer.dense._packed is not None and small.shape == (4, 32)
-    layer = Q4Linear(SkinnyLinear(linear), q, d, m, max_rows=4)
+    layer = BlockLinear(SkinnyLinear(linear), q, d, m, max_rows=4)
     with torch.inference_mode():
         for rows in (1, 4):
             layer(torch.randn(1, rows, 64))
@@ -178,7 +191,7 @@ def test_the_float32_copy_is_packed_only_when_a_forward_needs_it():
 def test_smollm2_reads_its_own_4_bit_weights_with_the_same_logits(smol):
     plain = smol.tree_model(ForwardConfig(q4_rows=0))
     q4 = smol.tree_model(ForwardConfig(q4_rows=8))
-    layers = [m for m in q4.modules() if isinstance(m, Q4Linear)]
+    layers = [m for m in q4.modules() if isinstance(m, BlockLinear)]
     assert len(layers) == 7 * smol.model.config.num_hidden_layers  # every decoder linear layer
     assert describe_kernels(q4).startswith("skinny+q4_1<=8+fused/") and "q4" not in describe_kernels(plain)
     assert q4.lm_head.weight is smol.model.lm_head.weight  # weights still shared

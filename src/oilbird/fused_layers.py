@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from oilbird.gguf_weights import Q4Linear
+from oilbird.gguf_weights import BlockLinear
 from oilbird.skinny_gemm import SkinnyLinear, kernels, skinny_available
 
 NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "Qwen3RMSNorm")
@@ -66,7 +66,7 @@ class FusedRMSNorm(torch.nn.Module):
 class FusedMLP(torch.nn.Module):
     """A gated MLP whose gate and up projections run as one GEMM over one pack.
 
-    Both projections must be `Q4Linear` (the GGUF's blocks) or both `SkinnyLinear` (float32),
+    Both projections must be `BlockLinear` (the GGUF's blocks) or both `SkinnyLinear` (float32),
     without bias or both with one; they keep views of the concatenated pack, so it costs no
     memory. Forwards of more rows than the layers' `max_rows` (Q4) run the layers as before.
 
@@ -81,7 +81,7 @@ class FusedMLP(torch.nn.Module):
         super().__init__()
         gate, up = mlp.gate_proj, mlp.up_proj
         self.gate_proj, self.up_proj, self.down_proj, self.act_fn = gate, up, mlp.down_proj, mlp.act_fn
-        if type(gate) is not type(up) or type(gate) not in (Q4Linear, SkinnyLinear):
+        if type(gate) is not type(up) or type(gate) not in (BlockLinear, SkinnyLinear):
             raise ValueError(f"gate and up projections on our kernels expected, got {type(gate).__name__} "
                              f"and {type(up).__name__}")
         if (gate.in_features, gate.out_features) != (up.in_features, up.out_features) or gate.out_features % 16:
@@ -91,14 +91,14 @@ class FusedMLP(torch.nn.Module):
         self.intermediate = gate.out_features
         blocks = gate.out_features // 16
         with torch.no_grad():
-            if isinstance(gate, Q4Linear):
+            if isinstance(gate, BlockLinear):
                 if gate.max_rows != up.max_rows:
                     raise ValueError("gate and up projections read their blocks up to different row counts")
                 if gate.bits != up.bits:  # one call runs one block layout
                     raise ValueError(f"gate and up projections in {gate.bits}- and {up.bits}-bit blocks")
-                packed = torch.cat([gate.packed_q4, up.packed_q4])  # [2 * blocks, K/32, 320 or 384]
+                packed = torch.cat([gate.packed_q4, up.packed_q4])  # [2 * blocks, K/G, bytes]
                 gate.packed_q4, up.packed_q4 = packed[:blocks], packed[blocks:]  # views: one copy in all
-                self._linear = kernels().linear_q4
+                self._linear = gate.kernel
                 self._max_elements = gate.max_rows * gate.in_features
             else:
                 packed = kernels().pack(torch.cat([gate.weight.detach(), up.weight.detach()]))  # [2 * blocks, K, 16]

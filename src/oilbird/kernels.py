@@ -25,8 +25,8 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
   one-token forward is bound by reading them (SmolLM2: 425 MB in the decoder). Its file holds the
   decoder's layers as 4-bit Q4_1 blocks, of which every float32 weight is exactly fl(d * q + m):
   with `q4_rows` our kernel reads those blocks (66 MB) and rebuilds the weights in registers,
-  with the float32 kernel's bits (oilbird/gguf_weights.py). Qwen2.5-Coder-0.5B's attention and
-  gated-MLP projections are Q5_0 blocks, read the same way with a fifth bit per weight.
+  with the float32 kernel's bits (oilbird/gguf_weights.py). Qwen2.5-Coder-0.5B's decoder is
+  Q5_0, Q4_K, Q6_K and Q8_0 blocks, read the same way (5 bits a weight, or a byte plane).
 - **Dispatch.** A one-token forward of a small model makes ~1,300 PyTorch calls, each a few
   microseconds: about as long as streaming its weights. With `fused`, each RMSNorm is one kernel
   call and each gated MLP's gate and up projections one GEMM (oilbird/fused_layers.py).
@@ -37,7 +37,7 @@ compute-bound. On this project's CPU it did not, for two reasons in the software
 `tree_model(model, config)` returns a *copy* of the model's module tree that shares every weight
 tensor with the original (no second copy of the weights; packed GEMM weights are the only new
 memory) and has its `nn.Linear` layers swapped for `SkinnyLinear`, `PairsLinear` (bfloat16) or `PackedLinear`
-(`Q4Linear` over GGUF blocks), its RMSNorms and MLPs for fused ones, and its attention set to
+(`BlockLinear` over GGUF blocks), its RMSNorms and MLPs for fused ones, and its attention set to
 `SKINNY_ATTENTION` (or `TREE_ATTENTION`). The caller's model is left untouched:
 the losslessness audit runs
 transformers' `generate()` on it, an independent reference with PyTorch's default kernels.
@@ -58,7 +58,7 @@ import torch
 
 from oilbird.errors import ConfigError
 from oilbird.fused_layers import FusedMLP, FusedRMSNorm, fuse_layers
-from oilbird.gguf_weights import GGUFTensors, Q4Linear, q4_layers
+from oilbird.gguf_weights import BlockLinear, GGUFTensors, q4_layers
 from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, kernels, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, SKINNY_HEAD_DIMS, TREE_ATTENTION
 
@@ -85,7 +85,7 @@ class ForwardConfig:
     gemm: str = "auto"
     """Linear layers: 'skinny' (our kernels, oilbird/skinny_gemm.py: float32 on AVX-512/AVX2, bfloat16 on AVX512_BF16 dot products; CPU), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
     q4_rows: int = 8192
-    """The most rows a forward reads the decoder's linear weights for as the model's GGUF file holds them, 4-bit Q4_1 or 5-bit Q5_0 blocks, instead of their float32 copy (oilbird/gguf_weights.py): the same bits from a sixth of the bytes; larger forwards use the float32 kernel. 8192 (every forward of the presets): on two Zen 4 cores the Q4_1 blocks took 0.56x the float32 time at one row, 0.75x at 16, level at 64-128 rows and 0.97x for an 800-token prefill (scripts/q4_ab.py, docs/RESULTS.md); Qwen2.5-Coder-0.5B's forwards with its Q5_0 layers 0.70x at one row, 0.82x at 16 (two Xeon cores, scripts/forward_ab.py). Float32 GGUF models on an AVX-512 CPU with gemm 'skinny'; elsewhere, and for layers stored otherwise (Q8_0, the K-quants), it changes nothing. 0: never."""
+    """The most rows a forward reads the decoder's linear weights for as the model's GGUF file holds them, its blocks (Q4_1, Q5_0, Q4_K, Q6_K, Q8_0), instead of their float32 copy (oilbird/gguf_weights.py): the same bits from a sixth of the bytes; larger forwards use the float32 kernel. 8192 (every forward of the presets): on two Zen 4 cores the Q4_1 blocks took 0.56x the float32 time at one row, 0.75x at 16, level at 64-128 rows and 0.97x for an 800-token prefill (scripts/q4_ab.py, docs/RESULTS.md); Qwen2.5-Coder-0.5B's forwards with its Q5_0 layers 0.70x at one row, 0.82x at 16 (two Xeon cores, scripts/forward_ab.py). Float32 GGUF models on an AVX-512 CPU with gemm 'skinny'; elsewhere, and for layers stored otherwise, it changes nothing. 0: never."""
     fused: bool = True
     """RMSNorm on one kernel call and a gated MLP's gate and up projections in one GEMM (oilbird/fused_layers.py), where the linear layers run our float32 kernels: the same model in fewer PyTorch calls (a one-token SmolLM2 forward makes ~1,300). The MLP's outputs are bit-identical; the norm's mean of squares is summed in float64, so its outputs differ from transformers' by an ulp now and then. False: transformers' own modules."""
     attention: str = "auto"
@@ -199,7 +199,7 @@ def describe_kernels(model: torch.nn.Module) -> str:
     kinds = {type(m) for m in model.modules()}
     gemm = ("skinny" if SkinnyLinear in kinds else "skinny-bf16" if PairsLinear in kinds
             else "onednn" if PackedLinear in kinds else "default")
-    blocks = [m for m in model.modules() if isinstance(m, Q4Linear)]
+    blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
     if blocks:  # e.g. '+q4_1<=8192' (SmolLM2) or '+q5_0<=8192' (Qwen2.5-Coder-0.5B)
         types = ",".join(sorted({m.block_type.lower() for m in blocks}))
         gemm += f"+{types}<=" + ",".join(map(str, sorted({m.max_rows for m in blocks})))
@@ -220,7 +220,7 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
     Returns:
         The model itself when `config` changes nothing; otherwise a copy of its module tree
         (weights shared, `nn.Linear` -> `SkinnyLinear` or `PackedLinear` where the GEMM is
-        skinny or oneDNN, `Q4Linear` over the GGUF's Q4_1 / Q5_0 blocks where `config.q4_rows` and `gguf`
+        skinny or oneDNN, `BlockLinear` over the GGUF's blocks where `config.q4_rows` and `gguf`
         allow, `FusedRMSNorm` and `FusedMLP` where `config.fused` and the float32 kernels allow,
         attention `SKINNY_ATTENTION` or `TREE_ATTENTION` where chosen).
 

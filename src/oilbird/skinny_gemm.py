@@ -36,7 +36,8 @@ SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.c
            CSRC / "certified_topk.cpp", CSRC / "bf16_dot_gemm.cpp", CSRC / "key_search.cpp",
            CSRC / "q4_gemm.cpp", CSRC / "rms_norm.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_problem.h",
-           CSRC / "tree_attention_avx2.h", CSRC / "tree_attention_lanes.h", CSRC / "topk_scan.h"]
+           CSRC / "tree_attention_avx2.h", CSRC / "tree_attention_lanes.h", CSRC / "topk_scan.h",
+           CSRC / "block_layouts.h"]
 # Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).
 ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AMX": ["-mavx512f", "-mavx2", "-mfma"],
              "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
@@ -167,7 +168,7 @@ class SkinnyLinear(torch.nn.Module):
     """`nn.Linear` in float32 computed by the skinny kernel from weights packed once.
 
     The packed copy is made on the first forward, not here: a layer whose forwards all read its
-    GGUF blocks instead (`oilbird.gguf_weights.Q4Linear`, which wraps this one for larger
+    GGUF blocks instead (`oilbird.gguf_weights.BlockLinear`, which wraps this one for larger
     forwards) then never holds it, and SmolLM2's decoder keeps 425 MB less.
 
     Args:

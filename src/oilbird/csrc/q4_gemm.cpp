@@ -1,24 +1,18 @@
-// Few-row GEMM on weights as a GGUF file holds them in Q4_1 or Q5_0 (llama.cpp's 4- and 5-bit
-// blocks): y[M, N] = x[M, K] @ W[N, K]^T (+ bias), where every 32 inputs of an output share a
-// float16 scale d and offset m and each weight is w = d * q + m, with q in 0..15 (Q4_1, m the
-// block's minimum) or 0..31 (Q5_0: m = -16 d, so w = d * (q - 16), the loader's d * (q - 16)).
+// Few-row GEMM on weights as a GGUF file holds them (llama.cpp's blocks): y[M, N] = x[M, K] @
+// W[N, K]^T (+ bias), where each weight is rebuilt in registers as w = fma(d, q, m) from a small
+// integer q and its group's scale d and offset m (the layouts and the block types they hold:
+// block_layouts.h).
 //
-// The default model's GGUF stores its decoder's linear layers so, and transformers' loader
-// de-quantizes them to float32 as fl(d * q + m): d * q is exact in float32 (11 + 4 bits), one
-// rounding for the sum. This kernel rebuilds each weight in registers as fma(d, q, m), the same
-// value bit for bit, and sums every row sequentially over k in float32 FMAs, as the float32 kernel
-// (skinny_kernels.h) does: its output equals that kernel's on the de-quantized weight, bit for
-// bit, at any row count. What changes is the memory stream: 0.625 bytes a weight instead of 4, so
-// a one-token forward, bound by reading its weights, reads 66 MB instead of 425 (SmolLM2-135M).
-// Rebuilding costs arithmetic (about 4 vector operations per 32 FMAs at 16 rows): up to 16 rows it
-// hides under the FMAs of one pass; more rows rebuild each group of blocks once into a buffer and
-// run the float32 kernel's row tiles over it (q4_tall), level with the float32 kernel at 64-128.
-//
-// Layout per block of 16 outputs and group of 32 inputs (320 bytes, five cache lines):
-// d[16] float16, m[16] float16, then 16 input pairs of 16 bytes (byte j: output j's even input in
-// the low nibble, its odd input in the high one). Five-bit blocks add 16 words of 32 bits (384
-// bytes): per input pair, bit j the even input's fifth bit of output j, bit 16 + j the odd one's,
-// read straight into mask registers (an OR of 16 under the mask: no shuffles, no extra ALU work).
+// transformers' loader de-quantizes such a file to float32, each weight one rounding of an exact
+// d' q' + m' (SmolLM2's Q4_1: fl(d q + m), d q exact in float32, 11 + 4 bits). fma(d, q, m) is
+// that same value bit for bit, and every row's sum runs sequentially over k in float32 FMAs, as
+// the float32 kernel (skinny_kernels.h) does: the output equals that kernel's on the de-quantized
+// weight, bit for bit, at any row count. What changes is the memory stream: 0.625 bytes a weight
+// (Q4_1) instead of 4, so a one-token forward, bound by reading its weights, reads 66 MB instead
+// of 425 (SmolLM2-135M). Rebuilding costs arithmetic (about 4 vector operations per 32 FMAs at 16
+// rows): up to 16 rows it hides under the FMAs of one pass; more rows rebuild each group of blocks
+// once into a buffer and run the float32 kernel's row tiles over it (block_tall), level with the
+// float32 kernel at 64-128.
 //
 // AVX-512 only (q4_available() says whether it was built); elsewhere the float32 kernel serves.
 
@@ -31,19 +25,17 @@
 #include <cstring>
 #include <vector>
 
+#include "block_layouts.h"
 #if defined(__AVX512F__)
 #include "skinny_kernels.h"
 #endif
 
 namespace {
 
-constexpr int64_t kB = 16;                  // outputs per block
-constexpr int64_t kG = 32;                  // inputs per Q4_1 group
-constexpr int64_t kNibbleBytes = 32 + 32 + 256;         // d[16] f16, m[16] f16, 16 pairs x 16 bytes
-constexpr int64_t kHighBytes = kNibbleBytes + 16 * 4;    // and 16 pairs x 32 fifth bits (Q5_0)
-
-// Bytes of one group of 16 outputs x 32 inputs.
-constexpr int64_t group_bytes(bool five) { return five ? kHighBytes : kNibbleBytes; }
+constexpr int64_t kB = oilbird::blocks::kOutputs;  // outputs per block
+constexpr int64_t kG = 32;                          // inputs per Q4_1 / Q5_0 group
+constexpr int64_t kNibbleBytes = 320, kFiveBytes = 384;  // block_layouts.h: Nibbles, FiveBits
+constexpr int64_t kByteInputs = 16, kByteBytes = 384;    // Bytes
 
 }  // namespace
 
@@ -82,58 +74,56 @@ torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torc
   return torch::cat({dm, nibbles, words}, 2).contiguous();  // [N/16, G, 384]
 }
 
+// q [N, K] uint8, d and m [N, K/16] float32 -> [N/16, K/16, 384] bytes (block_layouts.h: Bytes).
+torch::Tensor pack_q8(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8, "pack_q8: q must be a 2-D uint8 tensor");
+  const int64_t N = q.size(0), K = q.size(1), G = kByteInputs;
+  TORCH_CHECK(N % kB == 0 && K % G == 0, "pack_q8: out_features and in_features must be multiples of 16");
+  TORCH_CHECK(d.scalar_type() == torch::kFloat32 && m.scalar_type() == torch::kFloat32 && d.dim() == 2 &&
+                  d.size(0) == N && d.size(1) == K / G && m.sizes() == d.sizes(),
+              "pack_q8: d and m must be float32 [N, K/16]");
+  const int64_t groups = K / G;
+  // d, m: [N/16, 16, groups] -> [N/16, groups, 16] each; q: [N/16, 16, groups, 16] -> [N/16, groups, 16 inputs, 16]
+  torch::Tensor dm = torch::stack({d.view({N / kB, kB, groups}).transpose(1, 2), m.view({N / kB, kB, groups}).transpose(1, 2)}, 2)
+                .contiguous().view({N / kB, groups, 2 * kB}).view(torch::kUInt8);  // [N/16, groups, 128]
+  torch::Tensor plane = q.contiguous().view({N / kB, kB, groups, G}).permute({0, 2, 3, 1}).contiguous()
+                    .view({N / kB, groups, G * kB});  // [N/16, groups, 256]
+  return torch::cat({dm, plane}, 2).contiguous();  // [N/16, groups, 384]
+}
+
 #if defined(__AVX512F__)
 namespace {
 
-// The 16 weights of one input pair's even and odd input (lo, hi: q in 32-bit lanes) for the 16
-// outputs of a block, from its 16 nibble bytes and, for five-bit blocks, its word of fifth bits.
-template <bool Five>
-inline void unpack_pair(const uint8_t* group, int64_t kk, __m512i& lo, __m512i& hi) {
-  const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 64 + kk * kB)));
-  lo = _mm512_and_si512(raw, _mm512_set1_epi32(0x0F));
-  hi = _mm512_srli_epi32(raw, 4);
-  if constexpr (Five) {
-    // Bits 0-15 of the pair's word: the even input's fifth bits; 16-31: the odd one's.
-    uint16_t even, odd;  // (memcpy: an unaligned load the compiler turns into a mask load)
-    std::memcpy(&even, group + kNibbleBytes + kk * 4, 2);
-    std::memcpy(&odd, group + kNibbleBytes + kk * 4 + 2, 2);
-    const __m512i sixteen = _mm512_set1_epi32(16);
-    lo = _mm512_mask_or_epi32(lo, static_cast<__mmask16>(even), lo, sixteen);
-    hi = _mm512_mask_or_epi32(hi, static_cast<__mmask16>(odd), hi, sixteen);
-  }
-}
-
 // M rows by NB blocks starting at block nb0, over all K.
-template <bool Five, int M, int NB>
-void q4_block(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, int64_t nb0, const float* bias) {
-  constexpr int64_t kBytes = group_bytes(Five), kLines = (kBytes + 63) / 64;
+template <typename L, int M, int NB>
+void block_rows(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, int64_t nb0, const float* bias) {
+  constexpr int64_t kLines = (L::kBytes + 63) / 64;
   __m512 acc[M][NB];
   for (int r = 0; r < M; ++r)
     for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
-  const int64_t groups = K / kG;
+  const int64_t groups = K / L::kInputs;
   const uint8_t* w[NB];
-  for (int b = 0; b < NB; ++b) w[b] = wp + (nb0 + b) * groups * kBytes;
+  for (int b = 0; b < NB; ++b) w[b] = wp + (nb0 + b) * groups * L::kBytes;
   for (int64_t g = 0; g < groups; ++g) {
     __m512 dv[NB], mv[NB];
     for (int b = 0; b < NB; ++b) {
-      const uint8_t* p = w[b] + g * kBytes;
+      const uint8_t* p = w[b] + g * L::kBytes;
       // Far ahead into L2 (the memory stream), near ahead into L1, as the float32 kernel does.
       for (int l = 0; l < kLines; ++l) {
-        _mm_prefetch(reinterpret_cast<const char*>(p + 16 * kBytes + l * 64), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(p + 3 * kBytes + l * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + 16 * L::kBytes + l * 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(p + 3 * L::kBytes + l * 64), _MM_HINT_T0);
       }
-      dv[b] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));  // exact widening
-      mv[b] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+      L::scales(p, dv[b], mv[b]);
     }
-    for (int64_t kk = 0; kk < kG / 2; ++kk) {
+    for (int64_t kk = 0; kk < L::kInputs / 2; ++kk) {
       __m512 w0[NB], w1[NB];
       for (int b = 0; b < NB; ++b) {
-        __m512i lo, hi;  // the low nibble is input k, the high one input k + 1
-        unpack_pair<Five>(w[b] + g * kBytes, kk, lo, hi);
-        w0[b] = _mm512_fmadd_ps(dv[b], _mm512_cvtepi32_ps(lo), mv[b]);  // fl(d * q + m): the loader's float32 weight
+        __m512i lo, hi;  // q of inputs k and k + 1
+        L::pair(w[b] + g * L::kBytes, kk, lo, hi);
+        w0[b] = _mm512_fmadd_ps(dv[b], _mm512_cvtepi32_ps(lo), mv[b]);  // the loader's float32 weight
         w1[b] = _mm512_fmadd_ps(dv[b], _mm512_cvtepi32_ps(hi), mv[b]);
       }
-      const int64_t k = g * kG + 2 * kk;
+      const int64_t k = g * L::kInputs + 2 * kk;
       for (int r = 0; r < M; ++r) {  // input k, then k + 1: each row's sum in k order
         const __m512 x0 = _mm512_set1_ps(x[r * K + k]);
         for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_fmadd_ps(x0, w0[b], acc[r][b]);
@@ -152,49 +142,48 @@ void q4_block(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N,
     }
 }
 
-template <bool Five, int M, int NB>
-void q4_spread(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, const float* bias) {
+template <typename L, int M, int NB>
+void block_spread(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, const float* bias) {
   const int64_t blocks = N / kB, groups = blocks / NB;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) q4_block<Five, M, NB>(x, wp, y, K, N, g * NB, bias);
+    for (int64_t g = g0; g < g1; ++g) block_rows<L, M, NB>(x, wp, y, K, N, g * NB, bias);
   });
-  for (int64_t nb = groups * NB; nb < blocks; ++nb) q4_block<Five, M, 1>(x, wp, y, K, N, nb, bias);
+  for (int64_t nb = groups * NB; nb < blocks; ++nb) block_rows<L, M, 1>(x, wp, y, K, N, nb, bias);
 }
 
 // M rows in one pass: NB blocks at a time, NB the widest of 4, 2, 1 that fits the registers
 // (M x NB accumulators, 2 NB rebuilt weights, 2 NB scales) and whose busiest thread reads the
 // fewest blocks (SmolLM2's 12-block k and v projections in groups of 4 would leave a thread idle).
-template <bool Five, int M>
-void q4_rows(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, const float* bias) {
+template <typename L, int M>
+void short_rows(const float* x, const uint8_t* wp, float* y, int64_t K, int64_t N, const float* bias) {
   constexpr int NB = M <= 3 ? 4 : M <= 8 ? 2 : 1;
   const int64_t blocks = N / kB, threads = std::max(1, at::get_num_threads());
   auto busiest = [&](int64_t nb) { return (blocks / nb + threads - 1) / threads * nb + blocks % nb; };
   if constexpr (NB > 2) {
-    if (busiest(2) < busiest(NB) && busiest(2) <= busiest(1)) return q4_spread<Five, M, 2>(x, wp, y, K, N, bias);
+    if (busiest(2) < busiest(NB) && busiest(2) <= busiest(1)) return block_spread<L, M, 2>(x, wp, y, K, N, bias);
   }
   if constexpr (NB > 1) {
-    if (busiest(1) < busiest(NB) && (NB <= 2 || busiest(1) < busiest(2))) return q4_spread<Five, M, 1>(x, wp, y, K, N, bias);
+    if (busiest(1) < busiest(NB) && (NB <= 2 || busiest(1) < busiest(2))) return block_spread<L, M, 1>(x, wp, y, K, N, bias);
   }
-  q4_spread<Five, M, NB>(x, wp, y, K, N, bias);
+  block_spread<L, M, NB>(x, wp, y, K, N, bias);
 }
 
 // Rebuild the float32 weights of `nb` blocks starting at block nb0 into buf [nb][K][16] (the float32
 // kernel's packed layout): fma(d, q, m), the same values the one-pass kernel uses.
-template <bool Five>
+template <typename L>
 void rebuild(const uint8_t* wp, float* buf, int64_t K, int64_t nb0, int64_t nb) {
-  constexpr int64_t kBytes = group_bytes(Five);
-  const int64_t groups = K / kG;
+  const int64_t groups = K / L::kInputs;
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* w = wp + (nb0 + b) * groups * kBytes;
+    const uint8_t* w = wp + (nb0 + b) * groups * L::kBytes;
     float* out = buf + b * K * kB;
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* p = w + g * kBytes;
-      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-      const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
-      for (int64_t kk = 0; kk < kG / 2; ++kk) {
+      const uint8_t* p = w + g * L::kBytes;
+      __m512 dv, mv;
+      L::scales(p, dv, mv);
+      for (int64_t kk = 0; kk < L::kInputs / 2; ++kk) {
         __m512i lo, hi;
-        unpack_pair<Five>(p, kk, lo, hi);
-        const int64_t k = g * kG + 2 * kk;
+        L::pair(p, kk, lo, hi);
+        const int64_t k = g * L::kInputs + 2 * kk;
         _mm512_storeu_ps(out + k * kB, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(lo), mv));
         _mm512_storeu_ps(out + (k + 1) * kB, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(hi), mv));
       }
@@ -205,8 +194,8 @@ void rebuild(const uint8_t* wp, float* buf, int64_t K, int64_t nb0, int64_t nb) 
 // Many rows: per group of the float32 kernel's kTallBlocks blocks, rebuild its weights once into a
 // per-thread buffer (K x 32 floats: L2-resident) and run the float32 kernel's row tiles over it,
 // as its tall path does over weights it reads from memory once. Same FMA order, same bits.
-template <bool Five>
-void q4_tall(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
+template <typename L>
+void block_tall(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
   namespace o = oilbird;
   constexpr int64_t NB = o::kTallBlocks;
   const int64_t blocks = N / kB, groups = (blocks + NB - 1) / NB;
@@ -215,7 +204,7 @@ void q4_tall(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, 
     std::vector<float> buf(NB * K * kB);
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t nb0 = g * NB, nb = std::min(NB, blocks - nb0);
-      rebuild<Five>(wp, buf.data(), K, nb0, nb);
+      rebuild<L>(wp, buf.data(), K, nb0, nb);
       const float* b = bias ? bias + nb0 * kB : nullptr;
       for (int64_t t = 0, m = 0; t < ntiles; ++t) {
         const int64_t rows = base + (t < extra ? 1 : 0);
@@ -228,50 +217,73 @@ void q4_tall(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, 
 }
 
 using RowsFn = void (*)(const float*, const uint8_t*, float*, int64_t, int64_t, const float*);
-constexpr int kMaxRows = 16;  // rows of one pass over the blocks; more rows: q4_tall
-template <bool Five>
-constexpr RowsFn kRows[kMaxRows + 1] = {nullptr, q4_rows<Five, 1>, q4_rows<Five, 2>, q4_rows<Five, 3>,
-                                        q4_rows<Five, 4>, q4_rows<Five, 5>, q4_rows<Five, 6>, q4_rows<Five, 7>,
-                                        q4_rows<Five, 8>, q4_rows<Five, 9>, q4_rows<Five, 10>, q4_rows<Five, 11>,
-                                        q4_rows<Five, 12>, q4_rows<Five, 13>, q4_rows<Five, 14>,
-                                        q4_rows<Five, 15>, q4_rows<Five, 16>};
+constexpr int kMaxRows = 16;  // rows of one pass over the blocks; more rows: block_tall
+template <typename L>
+constexpr RowsFn kRows[kMaxRows + 1] = {nullptr, short_rows<L, 1>, short_rows<L, 2>, short_rows<L, 3>,
+                                        short_rows<L, 4>, short_rows<L, 5>, short_rows<L, 6>, short_rows<L, 7>,
+                                        short_rows<L, 8>, short_rows<L, 9>, short_rows<L, 10>, short_rows<L, 11>,
+                                        short_rows<L, 12>, short_rows<L, 13>, short_rows<L, 14>,
+                                        short_rows<L, 15>, short_rows<L, 16>};
 
-template <bool Five>
-void q4_gemm(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
+template <typename L>
+void block_gemm(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias) {
   if (M > kMaxRows) {
-    q4_tall<Five>(x, wp, y, M, K, N, bias);
+    block_tall<L>(x, wp, y, M, K, N, bias);
   } else if (M > 0) {
-    kRows<Five>[M](x, wp, y, K, N, bias);
+    kRows<L>[M](x, wp, y, K, N, bias);
   }
 }
 
 }  // namespace
 #endif
 
-// x [..., K] float32, packed [N/16, K/32, 320 or 384] (pack_q4), bias [N] float32 or None -> y [..., N] float32.
-torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(q4_available(), "linear_q4: built without AVX-512");
-  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32, "linear_q4: x must be a float32 tensor [..., K]");
-  TORCH_CHECK(packed.dim() == 3 && (packed.size(2) == kNibbleBytes || packed.size(2) == kHighBytes) &&
-                  packed.scalar_type() == torch::kUInt8,
-              "linear_q4: a weight packed by pack_q4");
-  const int64_t K = packed.size(1) * kG, N = packed.size(0) * kB;
-  TORCH_CHECK(x.size(-1) == K, "linear_q4: x has ", x.size(-1), " features, the weight ", K);
+namespace {
+
+// y [..., N] = x [..., K] @ W^T (+ bias) on `packed` [N/16, K/G, bytes] in layout L (`name`: the entry point, for errors).
+template <typename L>
+torch::Tensor run_blocks(const char* name, const torch::Tensor& x, const torch::Tensor& packed,
+                         const c10::optional<torch::Tensor>& bias, int64_t inputs) {
+  TORCH_CHECK(q4_available(), name, ": built without AVX-512");
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32, name, ": x must be a float32 tensor [..., K]");
+  const int64_t K = packed.size(1) * inputs, N = packed.size(0) * kB;
+  TORCH_CHECK(x.size(-1) == K, name, ": x has ", x.size(-1), " features, the weight ", K);
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == torch::kFloat32 && bias->numel() == N && bias->is_contiguous()),
+              name, ": bias must be a contiguous float32 [N]");
   // Any leading shape: reshaped here, where it costs a fraction of what it costs in Python (this
   // is called ~200 times a forward).
   const auto rows = x.reshape({-1, K}).contiguous();  // [M, K]
-  const int64_t M = rows.size(0);
   auto out_shape = x.sizes().vec();
   out_shape.back() = N;
   auto y = torch::empty(out_shape, x.options());  // [..., N]
 #if defined(__AVX512F__)
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  if (packed.size(2) == kHighBytes) {
-    q4_gemm<true>(rows.data_ptr<float>(), wp, y.data_ptr<float>(), M, K, N, b);
-  } else {
-    q4_gemm<false>(rows.data_ptr<float>(), wp, y.data_ptr<float>(), M, K, N, b);
-  }
+  block_gemm<L>(rows.data_ptr<float>(), packed.data_ptr<uint8_t>(), y.data_ptr<float>(), rows.size(0), K, N,
+                bias.has_value() ? bias->data_ptr<float>() : nullptr);
 #endif
   return y;
+}
+
+}  // namespace
+
+// x [..., K] float32, packed [N/16, K/32, 320 or 384] (pack_q4), bias [N] float32 or None -> y [..., N] float32.
+torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(packed.dim() == 3 && (packed.size(2) == kNibbleBytes || packed.size(2) == kFiveBytes) &&
+                  packed.scalar_type() == torch::kUInt8,
+              "linear_q4: a weight packed by pack_q4");
+#if defined(__AVX512F__)
+  if (packed.size(2) == kFiveBytes) return run_blocks<oilbird::blocks::FiveBits>("linear_q4", x, packed, bias, kG);
+  return run_blocks<oilbird::blocks::Nibbles>("linear_q4", x, packed, bias, kG);
+#else
+  TORCH_CHECK(false, "linear_q4: built without AVX-512");
+#endif
+}
+
+// x [..., K] float32, packed [N/16, K/16, 384] (pack_q8), bias [N] float32 or None -> y [..., N] float32.
+torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kByteBytes && packed.scalar_type() == torch::kUInt8,
+              "linear_q8: a weight packed by pack_q8");
+#if defined(__AVX512F__)
+  return run_blocks<oilbird::blocks::Bytes>("linear_q8", x, packed, bias, kByteInputs);
+#else
+  TORCH_CHECK(false, "linear_q8: built without AVX-512");
+#endif
 }

@@ -48,6 +48,9 @@ torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torc
                       int64_t bits);                                              // q4_gemm.cpp
 torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& packed,
                         const c10::optional<torch::Tensor>& bias);                // q4_gemm.cpp
+torch::Tensor pack_q8(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m);  // q4_gemm.cpp
+torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& packed,
+                        const c10::optional<torch::Tensor>& bias);                // q4_gemm.cpp
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);  // rms_norm.cpp
 
 // W [N, K] float32 or bfloat16 (N a multiple of 16) -> the packed layout [N/16, K, 16], same dtype.
@@ -102,5 +105,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_q4", &pack_q4, "pack 4- or 5-bit blocks (q [N, K] uint8, d and m [N, K/32] float16) into "
         "[N/16, K/32, 320 or 384]", py::arg("q"), py::arg("d"), py::arg("m"), py::arg("bits") = 4);
   m.def("linear_q4", &linear_q4, "y = x @ W^T (+ bias) from Q4_1 or Q5_0 blocks, bit-identical to `linear` on fl(d q + m)");
+  m.def("pack_q8", &pack_q8, "pack a byte plane (q [N, K] uint8, d and m [N, K/16] float32) into [N/16, K/16, 384]");
+  m.def("linear_q8", &linear_q8, "y = x @ W^T (+ bias) from a byte plane, bit-identical to `linear` on fl(d q + m)");
   m.def("rms_norm", &rms_norm, "RMSNorm of the last dimension in one pass (float32; the mean of squares in float64)");
 }
