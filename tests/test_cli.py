@@ -10,7 +10,7 @@ from oilbird.cli import main
 from oilbird.skinny_gemm import kernels as compiled_kernels, skinny_available
 
 # what 'auto' picks for SmolLM2: our kernels, reading its GGUF's 4-bit blocks where they build for AVX-512, norms and MLPs fused
-FAST = ((f"skinny{'+q4_1<=8192' if compiled_kernels().q4_available() else ''}+fused/oilbird_skinny") if skinny_available()[0]
+FAST = ((f"skinny{'+q4_1,q8_0<=8192' if compiled_kernels().q4_available() else ''}+fused/oilbird_skinny") if skinny_available()[0]
         else "onednn/oilbird_tree")
 
 

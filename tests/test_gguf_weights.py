@@ -192,8 +192,8 @@ def test_smollm2_reads_its_own_4_bit_weights_with_the_same_logits(smol):
     plain = smol.tree_model(ForwardConfig(q4_rows=0))
     q4 = smol.tree_model(ForwardConfig(q4_rows=8))
     layers = [m for m in q4.modules() if isinstance(m, BlockLinear)]
-    assert len(layers) == 7 * smol.model.config.num_hidden_layers  # every decoder linear layer
-    assert describe_kernels(q4).startswith("skinny+q4_1<=8+fused/") and "q4" not in describe_kernels(plain)
+    assert len(layers) == 7 * smol.model.config.num_hidden_layers + 1  # every decoder linear layer and the head
+    assert describe_kernels(q4).startswith("skinny+q4_1,q8_0<=8+fused/") and "q4" not in describe_kernels(plain)
     assert q4.lm_head.weight is smol.model.lm_head.weight  # weights still shared
     ids = torch.tensor([smol.encode_text("def fibonacci(n):\n    \"\"\"Return the n-th number." * 3)])
     with torch.inference_mode():

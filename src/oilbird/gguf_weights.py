@@ -123,9 +123,29 @@ class GGUFTensors:
         return self._tensors.get(name)
 
 
+def block_layer(module: torch.nn.Module, tensor: tuple[str, object] | None, max_rows: int) -> BlockLinear | str:
+    """`module` on the GGUF blocks `tensor` (type name, raw data), or why it keeps the float32 kernel."""
+    if not isinstance(module, SkinnyLinear):
+        return f"it runs {type(module).__name__}, not our float32 kernel"
+    if tensor is None or tensor[0] not in BLOCK_READERS:
+        return f"{tensor[0]} in the GGUF, a type not read here" if tensor is not None else "not in the GGUF"
+    try:
+        q, d, m = BLOCK_READERS[tensor[0]](tensor[1])
+        order = row_order(module.weight.detach(), dequantize(q, d, m))
+        if order is None:
+            return "its float32 weight is not fl(d * q + m) of the GGUF's blocks"
+        return BlockLinear(module, q[order], d[order], m[order], max_rows, tensor[0])
+    except ValueError as err:
+        return str(err)
+
+
 def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int) -> dict[str, str]:
-    """Swap `model`'s decoder linear layers for `BlockLinear` where its GGUF holds them in a block
-    type of `oilbird.gguf_blocks.BLOCK_READERS`.
+    """Swap `model`'s decoder linear layers and LM head for `BlockLinear` where its GGUF holds them
+    in a block type of `oilbird.gguf_blocks.BLOCK_READERS`.
+
+    The head is the file's `output.weight`, or its token embeddings where the two are tied
+    (SmolLM2; both presets store them as Q8_0): its float32 logits, the same bits as the float32
+    kernel's, from 1.5 bytes a weight.
 
     Args:
         model: a float32 causal LM loaded from `gguf` whose linear layers run `SkinnyLinear`
@@ -134,8 +154,8 @@ def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int) -> dict[
         max_rows: `BlockLinear.max_rows`.
 
     Returns:
-        module name -> why it kept the float32 kernel, for every decoder linear layer not swapped
-        (empty when all were).
+        module name -> why it kept the float32 kernel, for every such layer not swapped (empty
+        when all were).
 
     Raises:
         ValueError: if the kernels cannot run the blocks here (no AVX-512 build).
@@ -145,27 +165,15 @@ def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int) -> dict[
     kept = {}
     for i, layer in enumerate(model.model.layers):
         for name, gguf_name in GGUF_NAMES.items():
-            where = f"model.layers.{i}.{name}"
-            module = layer.get_submodule(name)
-            if not isinstance(module, SkinnyLinear):
-                kept[where] = f"it runs {type(module).__name__}, not our float32 kernel"
-                continue
-            tensor = gguf.get(f"blk.{i}.{gguf_name}.weight")
-            if tensor is None or tensor[0] not in BLOCK_READERS:
-                kept[where] = (f"{tensor[0]} in the GGUF, a type not read here" if tensor is not None
-                               else "not in the GGUF")
-                continue
-            try:
-                q, d, m = BLOCK_READERS[tensor[0]](tensor[1])
-            except ValueError as err:
-                kept[where] = str(err)
-                continue
-            order = row_order(module.weight.detach(), dequantize(q, d, m))
-            if order is None:
-                kept[where] = "its float32 weight is not fl(d * q + m) of the GGUF's blocks"
-                continue
-            try:
-                layer.set_submodule(name, BlockLinear(module, q[order], d[order], m[order], max_rows, tensor[0]))
-            except ValueError as err:
-                kept[where] = str(err)
+            swapped = block_layer(layer.get_submodule(name), gguf.get(f"blk.{i}.{gguf_name}.weight"), max_rows)
+            if isinstance(swapped, str):
+                kept[f"model.layers.{i}.{name}"] = swapped
+            else:
+                layer.set_submodule(name, swapped)
+    head = gguf.get("output.weight") or gguf.get("token_embd.weight")
+    swapped = block_layer(model.get_output_embeddings(), head, max_rows)
+    if isinstance(swapped, str):
+        kept["lm_head"] = swapped
+    else:
+        model.set_output_embeddings(swapped)
     return kept

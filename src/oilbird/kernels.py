@@ -194,13 +194,13 @@ class PackedLinear(torch.nn.Module):
 
 
 def describe_kernels(model: torch.nn.Module) -> str:
-    """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' or 'skinny+q4_1<=4+fused/oilbird_skinny'
+    """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' or 'skinny+q4_1,q8_0<=4+fused/oilbird_skinny'
     (for cost-curve keys and records)."""
     kinds = {type(m) for m in model.modules()}
     gemm = ("skinny" if SkinnyLinear in kinds else "skinny-bf16" if PairsLinear in kinds
             else "onednn" if PackedLinear in kinds else "default")
     blocks = [m for m in model.modules() if isinstance(m, BlockLinear)]
-    if blocks:  # e.g. '+q4_1<=8192' (SmolLM2) or '+q5_0<=8192' (Qwen2.5-Coder-0.5B)
+    if blocks:  # e.g. '+q4_1,q8_0<=8192' (SmolLM2) or '+q4_k,q5_0,q6_k,q8_0<=8192' (Qwen2.5-Coder-0.5B)
         types = ",".join(sorted({m.block_type.lower() for m in blocks}))
         gemm += f"+{types}<=" + ",".join(map(str, sorted({m.max_rows for m in blocks})))
     if kinds & {FusedRMSNorm, FusedMLP}:
