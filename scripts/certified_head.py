@@ -16,9 +16,13 @@ last `--positions` positions of each (decoding's own rows). For those rows it re
   model copy, fastest per size: what the head saves a forward, and t(n)/t(1) under each head.
 docs/RESULTS.md, issue 15, records its output.
 
+With `--forwards-only`, only the whole-forward A/B (head='model' is the GGUF's own blocks where
+the verifier reads them, `oilbird.gguf_weights.q4_layers`; `--prefix` sets the cache).
+
 Usage:
   .venv/bin/python scripts/certified_head.py --threads 2
   .venv/bin/python scripts/certified_head.py --threads 2 --model qwen2.5-coder-0.5b
+  .venv/bin/python scripts/certified_head.py --threads 2 --forwards-only --rounds 7 --prefix 2048
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def probe_candidates(loaded, certified: CertifiedHead, top_k: int) -> str:
     return f"{means[0]:.1f} on the cost curve's probe rows (cost_curve.probe_tokens), {means[1]:.1f} on unrelated tokens"
 
 
-def whole_forward_ab(loaded, rounds: int) -> None:
+def whole_forward_ab(loaded, rounds: int, prefix: int = 512) -> None:
     """Prints ms per verification forward under each head, alternating heads round by round."""
     model = loaded.tree_model()
     heads = {head: TreeVerifier(model, loaded.stop_ids, VerifierConfig(head=head))
@@ -70,9 +74,10 @@ def whole_forward_ab(loaded, rounds: int) -> None:
     best = {head: {} for head in heads}
     for round_ in range(rounds):
         for head in (("model", "certified") if round_ % 2 == 0 else ("certified", "model")):
-            for n, seconds in probe_times(heads[head], FORWARD_SIZES, prefix_len=512, repeats=1).items():
+            for n, seconds in probe_times(heads[head], FORWARD_SIZES, prefix_len=prefix, repeats=1).items():
                 best[head][n] = min(best[head].get(n, float("inf")), seconds)
-    print(f"\nWhole verification forwards, ms (512-token cache, fastest of {rounds} alternating rounds)\n")
+    print(f"\nWhole verification forwards, ms ({prefix}-token cache, fastest of {rounds} alternating rounds; "
+          f"the model's head: {type(model.get_output_embeddings()).__name__})\n")
     print("| nodes | head='model' | head='certified' | ratio | t(n)/t(1) model | t(n)/t(1) certified |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for n in FORWARD_SIZES:
@@ -91,9 +96,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--top-k", type=int, default=10, help="the verifier's top-k (VerifierConfig.top_k)")
     parser.add_argument("--rounds", type=int, default=10, help="alternating rounds of the whole-forward A/B")
+    parser.add_argument("--prefix", type=int, default=512, help="the whole-forward A/B's cache length")
+    parser.add_argument("--forwards-only", action="store_true", help="only the whole-forward A/B")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
+    if args.forwards_only:
+        return whole_forward_ab(loaded, args.rounds, args.prefix)
     hidden = final_hidden_rows(loaded, args.requests, args.positions, args.new_tokens)  # [rows, d]
     head_weight = loaded.model.get_output_embeddings().weight
     certified = CertifiedHead(loaded.model.get_output_embeddings())
@@ -121,7 +130,7 @@ def main() -> None:
             full = fastest_ms(lambda: top_k_and_argmax(fp32(h), args.top_k), args.repeats)
             ours = fastest_ms(lambda: certified.topk(h, certified.logits(h), args.top_k), args.repeats)
             print(f"| {n} | {full:.2f} | {ours:.2f} | {ours / full:.2f} |")
-    whole_forward_ab(loaded, args.rounds)
+    whole_forward_ab(loaded, args.rounds, args.prefix)
 
 
 if __name__ == "__main__":

@@ -163,3 +163,15 @@ def test_the_real_model_verifies_the_same_tree_with_either_head(smol):
     # drafters read the same top-k: float32's ids and values
     assert torch.equal(model_head.topk_ids, certified.topk_ids)
     assert torch.allclose(model_head.topk_logits, certified.topk_logits, atol=1e-4)
+
+
+@needs_kernels
+def test_auto_takes_the_models_own_head_where_it_reads_the_gguf_blocks(smol):
+    from oilbird.gguf_weights import BlockLinear
+    from oilbird.kernels import ForwardConfig
+
+    blocks, dense = smol.tree_model(), smol.tree_model(ForwardConfig(q4_rows=0))
+    on_blocks = isinstance(blocks.get_output_embeddings(), BlockLinear)  # AVX-512 builds
+    assert TreeVerifier(blocks, smol.stop_ids).head_kind == ("model" if on_blocks else "certified")
+    assert TreeVerifier(dense, smol.stop_ids).head_kind == "certified"
+    assert TreeVerifier(blocks, smol.stop_ids, VerifierConfig(head="certified")).head_kind == "certified"

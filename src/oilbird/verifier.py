@@ -36,6 +36,7 @@ import torch
 
 from oilbird.errors import ModelError
 from oilbird.fly import FlyConfig, entropy, fly_walk
+from oilbird.gguf_weights import BlockLinear
 from oilbird.kernels import harvest_head
 from oilbird.kv_cache import TreeCache, compact_cache, new_cache
 from oilbird.lm_head import CertifiedHead, certified_head_unavailable, top_k_and_argmax
@@ -52,7 +53,7 @@ class VerifierConfig:
     top_k: int = 10
     """Top-k token ids exposed per node (the widest consumer, GOOSE's adjacency table, uses 10; Token Recycling reads the first 8)."""
     head: str = "auto"
-    """LM head of greedy verification: 'certified' (a bfloat16 copy, half the bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/lm_head.py), 'model' (the model's own), 'auto' (certified where it applies: float32 on a CPU with our kernels, a supported model type). Sampling and FLy always use the model's."""
+    """LM head of greedy verification: 'certified' (a bfloat16 copy, half the bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/lm_head.py), 'model' (the model's own), 'auto' (the model's own where it reads the GGUF's blocks, `BlockLinear`: float32 logits from 1.5 bytes a weight, as fast as the certified head or faster at every size measured, docs/RESULTS.md, issue 15, stop 47; else certified where it applies: float32 on a CPU with our kernels, a supported model type). Sampling and FLy always use the model's."""
     harvest_dtype: str = "auto"
     """Dtype of the LM-head pass that harvests the prompt's top-k for drafters (GOOSE, Oilbird): draft material only, never what is verified. 'auto': bfloat16 on a CPU with bfloat16 GEMM (AVX-512 BF16 or AMX; about 3x faster than float32 there), else the model's; 'model': the model's own dtype."""
 
@@ -176,6 +177,8 @@ class TreeVerifier:
         self._harvest = None  # the prefill harvest's LM head, built on first use
         self._head = None  # greedy verification's CertifiedHead, built on first use
         why = certified_head_unavailable(model) if self.config.head != "model" else "head='model'"
+        if self.config.head == "auto" and isinstance(model.get_output_embeddings(), BlockLinear):
+            why = "the model's head reads the GGUF's blocks"  # exact float32 logits, fewer bytes than the copy
         if why is not None and self.config.head == "certified":
             raise ModelError(f"the certified LM head cannot serve this model: {why}; use head='model'")
         # FLy's rule reads whole distributions: its forwards keep the model's head.
