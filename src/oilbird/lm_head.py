@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import torch
 
+from oilbird.errors import ModelError
+from oilbird.gguf_weights import BlockLinear
 from oilbird.skinny_gemm import kernels, skinny_available
 from oilbird.skinny_gemm import topk as fast_topk
 
@@ -72,6 +74,27 @@ def certified_head_unavailable(model: torch.nn.Module) -> str | None:
         return f"the LM head is {weight.dtype} on {weight.device.type}; the certified head is for float32 on a CPU"
     ok, why = skinny_available()
     return None if ok else why
+
+
+def greedy_head(model: torch.nn.Module, want: str) -> str:
+    """Which head greedy verification runs on `model`: 'certified' or 'model'.
+
+    Args:
+        model: the verifier's model.
+        want: `VerifierConfig.head`: 'model', 'certified', or 'auto' (the model's own where it
+            reads the GGUF's blocks, `BlockLinear`: exact float32 logits from fewer bytes than the
+            bfloat16 copy, and as fast or faster, docs/RESULTS.md, issue 15, stop 47; else
+            certified where it applies).
+
+    Raises:
+        ModelError: if 'certified' is asked for where it cannot serve.
+    """
+    if want == "model" or (want == "auto" and isinstance(model.get_output_embeddings(), BlockLinear)):
+        return "model"
+    why = certified_head_unavailable(model)
+    if why is not None and want == "certified":
+        raise ModelError(f"the certified LM head cannot serve this model: {why}; use head='model'")
+    return "model" if why is not None else "certified"
 
 
 class CertifiedHead:

@@ -36,10 +36,9 @@ import torch
 
 from oilbird.errors import ModelError
 from oilbird.fly import FlyConfig, entropy, fly_walk
-from oilbird.gguf_weights import BlockLinear
 from oilbird.kernels import harvest_head
 from oilbird.kv_cache import TreeCache, compact_cache, new_cache
-from oilbird.lm_head import CertifiedHead, certified_head_unavailable, top_k_and_argmax
+from oilbird.lm_head import CertifiedHead, greedy_head, top_k_and_argmax
 from oilbird.sampling import Sampler, calibration_terms, sample_walk, warped_probs
 from oilbird.skinny_gemm import topk as fast_topk
 from oilbird.tree import DraftTree
@@ -176,13 +175,8 @@ class TreeVerifier:
         self.cache_dtype = torch.float32 if skinny and self.dtype == torch.bfloat16 else None
         self._harvest = None  # the prefill harvest's LM head, built on first use
         self._head = None  # greedy verification's CertifiedHead, built on first use
-        why = certified_head_unavailable(model) if self.config.head != "model" else "head='model'"
-        if self.config.head == "auto" and isinstance(model.get_output_embeddings(), BlockLinear):
-            why = "the model's head reads the GGUF's blocks"  # exact float32 logits, fewer bytes than the copy
-        if why is not None and self.config.head == "certified":
-            raise ModelError(f"the certified LM head cannot serve this model: {why}; use head='model'")
         # FLy's rule reads whole distributions: its forwards keep the model's head.
-        self.head_kind = "model" if why is not None or fly is not None else "certified"
+        self.head_kind = "model" if fly is not None else greedy_head(model, self.config.head)
         """Which LM head greedy forwards run: 'certified' or 'model'."""
 
     def _hidden(self, out, layer: int | None) -> torch.Tensor | None:
