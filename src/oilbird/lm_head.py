@@ -83,8 +83,8 @@ def greedy_head(model: torch.nn.Module, want: str) -> str:
         model: the verifier's model.
         want: `VerifierConfig.head`: 'model', 'certified', or 'auto' (the model's own where it
             reads the GGUF's blocks, `BlockLinear`: exact float32 logits from fewer bytes than the
-            bfloat16 copy, and as fast or faster, docs/RESULTS.md, issue 15, stop 47; else
-            certified where it applies).
+            bfloat16 copy; whole forwards 4-8% faster at 1, 8 and 64 nodes, 1-2% slower at 16,
+            docs/RESULTS.md, issue 15, stop 47; else certified where it applies).
 
     Raises:
         ModelError: if 'certified' is asked for where it cannot serve.

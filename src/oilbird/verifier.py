@@ -52,7 +52,7 @@ class VerifierConfig:
     top_k: int = 10
     """Top-k token ids exposed per node (the widest consumer, GOOSE's adjacency table, uses 10; Token Recycling reads the first 8)."""
     head: str = "auto"
-    """LM head of greedy verification: 'certified' (a bfloat16 copy, half the bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/lm_head.py), 'model' (the model's own), 'auto' (the model's own where it reads the GGUF's blocks, `BlockLinear`: float32 logits from 1.5 bytes a weight, as fast as the certified head or faster at every size measured, docs/RESULTS.md, issue 15, stop 47; else certified where it applies: float32 on a CPU with our kernels, a supported model type). Sampling and FLy always use the model's."""
+    """LM head of greedy verification: 'certified' (a bfloat16 copy, half the bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/lm_head.py), 'model' (the model's own), 'auto' (the model's own where it reads the GGUF's blocks, `BlockLinear`: float32 logits from 1.5 bytes a weight; whole forwards 4-8% faster than on the certified head at 1, 8 and 64 nodes, 1-2% slower at 16, docs/RESULTS.md, issue 15, stop 47; else certified where it applies: float32 on a CPU with our kernels, a supported model type). Sampling and FLy always use the model's."""
     harvest_dtype: str = "auto"
     """Dtype of the LM-head pass that harvests the prompt's top-k for drafters (GOOSE, Oilbird): draft material only, never what is verified. 'auto': bfloat16 on a CPU with bfloat16 GEMM (AVX-512 BF16 or AMX; about 3x faster than float32 there), else the model's; 'model': the model's own dtype."""
 
