@@ -47,6 +47,16 @@ bool q4_available() {
 #endif
 }
 
+namespace {
+
+// d and m [N, groups] (float16 or float32) -> each group's 16 d then 16 m, as bytes [N/16, groups, 32 * size].
+torch::Tensor group_scales(const torch::Tensor& d, const torch::Tensor& m, int64_t N, int64_t groups) {
+  return torch::stack({d.view({N / kB, kB, groups}).transpose(1, 2), m.view({N / kB, kB, groups}).transpose(1, 2)}, 2)
+      .contiguous().view({N / kB, groups, 2 * kB}).view(torch::kUInt8);
+}
+
+}  // namespace
+
 // q [N, K] uint8 (0..15, or 0..31 with `bits` 5), d and m [N, K/32] float16 -> [N/16, K/32, 320]
 // bytes (384 with `bits` 5).
 torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m, int64_t bits) {
@@ -59,9 +69,8 @@ torch::Tensor pack_q4(const torch::Tensor& q, const torch::Tensor& d, const torc
   TORCH_CHECK(bits == 4 || bits == 5, "pack_q4: bits must be 4 or 5, got ", bits);
   TORCH_CHECK(q.max().item<int>() < (1 << bits), "pack_q4: q must hold ", bits, "-bit values");
   const int64_t groups = K / kG;
-  // d, m: [N/16, 16, G] -> [N/16, G, 16]; q: [N/16, 16, G, 16 pairs, 2] -> [N/16, G, 16 pairs, 16]
-  torch::Tensor dm = torch::stack({d.view({N / kB, kB, groups}).transpose(1, 2), m.view({N / kB, kB, groups}).transpose(1, 2)}, 2)
-                .contiguous().view({N / kB, groups, 2 * kB}).view(torch::kUInt8);  // [N/16, G, 64]
+  // q: [N/16, 16, G, 16 pairs, 2] -> [N/16, G, 16 pairs, 16]
+  torch::Tensor dm = group_scales(d, m, N, groups);  // [N/16, G, 64]
   torch::Tensor low = q.bitwise_and(15).contiguous().view({N / kB, kB, groups, kG / 2, 2});
   torch::Tensor nibbles = low.select(4, 0).bitwise_or(low.select(4, 1).mul(16)).permute({0, 2, 3, 1}).contiguous()
                      .view({N / kB, groups, 256});  // [N/16, G, 256]
@@ -83,9 +92,8 @@ torch::Tensor pack_q8(const torch::Tensor& q, const torch::Tensor& d, const torc
                   d.size(0) == N && d.size(1) == K / G && m.sizes() == d.sizes(),
               "pack_q8: d and m must be float32 [N, K/16]");
   const int64_t groups = K / G;
-  // d, m: [N/16, 16, groups] -> [N/16, groups, 16] each; q: [N/16, 16, groups, 16] -> [N/16, groups, 16 inputs, 16]
-  torch::Tensor dm = torch::stack({d.view({N / kB, kB, groups}).transpose(1, 2), m.view({N / kB, kB, groups}).transpose(1, 2)}, 2)
-                .contiguous().view({N / kB, groups, 2 * kB}).view(torch::kUInt8);  // [N/16, groups, 128]
+  // q: [N/16, 16, groups, 16] -> [N/16, groups, 16 inputs, 16]
+  torch::Tensor dm = group_scales(d, m, N, groups);  // [N/16, groups, 128]
   torch::Tensor plane = q.contiguous().view({N / kB, kB, groups, G}).permute({0, 2, 3, 1}).contiguous()
                     .view({N / kB, groups, G * kB});  // [N/16, groups, 256]
   return torch::cat({dm, plane}, 2).contiguous();  // [N/16, groups, 384]
