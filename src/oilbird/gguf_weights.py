@@ -17,6 +17,13 @@ permutes the query and key rows for rotary embeddings); a layer that differs in 
 of a type not read here, keeps the float32 kernel. Forwards of more than `max_rows` rows use the
 float32 kernel too (`ForwardConfig.q4_rows`; the blocks were faster or level at every size
 measured on two Zen 4 cores: docs/RESULTS.md, issue 15, stop 43).
+
+Two kernels read the blocks (`ForwardConfig.block_kernel`): 'fma' (csrc/q4_gemm.cpp) rebuilds
+each float32 weight and gives the float32 kernel's bits; 'int8' (csrc/amx_blocks.cpp; CPUs with
+AMX and AVX512-VNNI) splits each group of inputs into four int8 parts whose products with q are
+exact integer sums, on AMX tiles for many rows and VNNI dot products for one: other last bits than
+the float32 kernel's (another rounding, like oneDNN's), but still the same bits for a row at any
+row count, so a tree forward still gives each node a one-token step's bits.
 """
 
 from __future__ import annotations
@@ -27,6 +34,22 @@ import torch
 
 from oilbird.gguf_blocks import BLOCK_READERS, dequantize
 from oilbird.skinny_gemm import SkinnyLinear, kernels
+
+BLOCK_KERNELS = ("fma", "int8")
+"""The kernels that read blocks: 'fma' (the float32 kernel's bits), 'int8' (AMX tiles and VNNI)."""
+INT8_DOT_ROWS = 1
+"""Forwards of at most this many rows take the 'int8' kernel's VNNI dot products, larger ones its
+tiles (the same bits): one row 23 us against the tiles' 33 us, two rows 48 against 39, on a
+1536 x 576 Q4_1 layer, one Xeon core (scripts/int8_blocks_ab.py)."""
+
+
+def int8_center(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> int:
+    """The c with m == -c d in every group (Q8_0: 128, Q6_K: 32), which the 'int8' kernel takes off
+    q so its two sums do not cancel; 0 where there is none (Q4_K). Only for the byte plane."""
+    for c in (128, 32):
+        if torch.equal(m, -c * d):
+            return c
+    return 0
 
 GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -61,13 +84,16 @@ class BlockLinear(torch.nn.Module):
             float32 ones [N, K/16] the byte plane.
         max_rows: the most rows a forward reads the blocks for.
         block_type: the GGUF type the blocks came from (e.g. 'Q4_1'), for descriptions.
+        kernel: one of `BLOCK_KERNELS`: 'fma' gives the float32 kernel's bits, 'int8' its own
+            (the same for a row at every row count).
 
     Raises:
-        ValueError: if the blocks do not rebuild the layer's weight bit for bit, or the shapes do not fit.
+        ValueError: if the blocks do not rebuild the layer's weight bit for bit, the shapes do not
+            fit, or `kernel` cannot run here.
     """
 
     def __init__(self, dense: SkinnyLinear, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-                 max_rows: int, block_type: str = "Q4_1") -> None:
+                 max_rows: int, block_type: str = "Q4_1", kernel: str = "fma") -> None:
         super().__init__()
         self.block_type = block_type
         self.dense = dense
@@ -87,7 +113,19 @@ class BlockLinear(torch.nn.Module):
         # The forward runs ~200 times per model forward: what it needs, looked up once here
         # (module attribute lookups and reshapes in Python cost as much as a small layer's GEMM).
         self._max_elements = max_rows * self.in_features
-        self.kernel = kernels().linear_q8 if plane else kernels().linear_q4
+        if kernel not in BLOCK_KERNELS:
+            raise ValueError(f"block kernel must be one of {', '.join(BLOCK_KERNELS)}, got {kernel!r}")
+        self.kernel_name = kernel
+        # q's offset the 'int8' kernel takes off (its own for 4 and 5 bits: 8 and 16)
+        self.center = int8_center(q, d, m) if plane else 16 if self.bits == 5 else 8
+        if kernel == "int8":
+            if not kernels().amx_available():
+                raise ValueError("the 'int8' block kernel needs a CPU with AMX and AVX512-VNNI and an OS that "
+                                 "grants AMX's tiles; use block_kernel='fma'")
+            amx, center = kernels().linear_amx, self.center
+            self.kernel = lambda x, packed, bias: amx(x, packed, bias, plane, center, INT8_DOT_ROWS)
+        else:
+            self.kernel = kernels().linear_q8 if plane else kernels().linear_q4
         self._bias = dense.packed_bias  # [out] float32 or None (out is a multiple of 16: no padding)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
@@ -96,7 +134,7 @@ class BlockLinear(torch.nn.Module):
         return self.kernel(x, self.packed_q4, self._bias)  # [..., out]; the kernel reshapes
 
     def extra_repr(self) -> str:
-        return f"{self.block_type} blocks ({self.bits} bits) up to {self.max_rows} rows"
+        return f"{self.block_type} blocks ({self.bits} bits, {self.kernel_name} kernel) up to {self.max_rows} rows"
 
 
 class GGUFTensors:
@@ -123,7 +161,8 @@ class GGUFTensors:
         return self._tensors.get(name)
 
 
-def block_layer(module: torch.nn.Module, tensor: tuple[str, object] | None, max_rows: int) -> BlockLinear | str:
+def block_layer(module: torch.nn.Module, tensor: tuple[str, object] | None, max_rows: int,
+                kernel: str = "fma") -> BlockLinear | str:
     """`module` on the GGUF blocks `tensor` (type name, raw data), or why it keeps the float32 kernel."""
     if not isinstance(module, SkinnyLinear):
         return f"it runs {type(module).__name__}, not our float32 kernel"
@@ -134,12 +173,12 @@ def block_layer(module: torch.nn.Module, tensor: tuple[str, object] | None, max_
         order = row_order(module.weight.detach(), dequantize(q, d, m))
         if order is None:
             return "its float32 weight is not fl(d * q + m) of the GGUF's blocks"
-        return BlockLinear(module, q[order], d[order], m[order], max_rows, tensor[0])
+        return BlockLinear(module, q[order], d[order], m[order], max_rows, tensor[0], kernel)
     except ValueError as err:
         return str(err)
 
 
-def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int) -> dict[str, str]:
+def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: str = "fma") -> dict[str, str]:
     """Swap `model`'s decoder linear layers and LM head for `BlockLinear` where its GGUF holds them
     in a block type of `oilbird.gguf_blocks.BLOCK_READERS`.
 
@@ -152,26 +191,30 @@ def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int) -> dict[
             (`oilbird.kernels.tree_model`), changed in place.
         gguf: the tensors of the GGUF file the model was converted from.
         max_rows: `BlockLinear.max_rows`.
+        kernel: `BlockLinear`'s kernel, one of `BLOCK_KERNELS`.
 
     Returns:
         module name -> why it kept the float32 kernel, for every such layer not swapped (empty
         when all were).
 
     Raises:
-        ValueError: if the kernels cannot run the blocks here (no AVX-512 build).
+        ValueError: if the kernels cannot run the blocks here (no AVX-512 build; 'int8' without AMX).
     """
     if not kernels() or not kernels().q4_available():
         raise ValueError("the GEMM over GGUF blocks needs our kernels built for AVX-512")
+    if kernel == "int8" and not kernels().amx_available():
+        raise ValueError("the 'int8' block kernel needs a CPU with AMX and AVX512-VNNI and an OS that grants "
+                         "AMX's tiles; use block_kernel='fma'")
     kept = {}
     for i, layer in enumerate(model.model.layers):
         for name, gguf_name in GGUF_NAMES.items():
-            swapped = block_layer(layer.get_submodule(name), gguf.get(f"blk.{i}.{gguf_name}.weight"), max_rows)
+            swapped = block_layer(layer.get_submodule(name), gguf.get(f"blk.{i}.{gguf_name}.weight"), max_rows, kernel)
             if isinstance(swapped, str):
                 kept[f"model.layers.{i}.{name}"] = swapped
             else:
                 layer.set_submodule(name, swapped)
     head = gguf.get("output.weight") or gguf.get("token_embd.weight")
-    swapped = block_layer(model.get_output_embeddings(), head, max_rows)
+    swapped = block_layer(model.get_output_embeddings(), head, max_rows, kernel)
     if isinstance(swapped, str):
         kept["lm_head"] = swapped
     else:

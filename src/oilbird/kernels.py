@@ -58,7 +58,7 @@ import torch
 
 from oilbird.errors import ConfigError
 from oilbird.fused_layers import FusedMLP, FusedRMSNorm, fuse_layers
-from oilbird.gguf_weights import BlockLinear, GGUFTensors, q4_layers
+from oilbird.gguf_weights import BLOCK_KERNELS, BlockLinear, GGUFTensors, q4_layers
 from oilbird.skinny_gemm import PairsLinear, SkinnyLinear, bf16_dot_ready, kernels, skinny_available
 from oilbird.tree_attention import SKINNY_ATTENTION, SKINNY_HEAD_DIMS, TREE_ATTENTION
 
@@ -86,6 +86,8 @@ class ForwardConfig:
     """Linear layers: 'skinny' (our kernels, oilbird/skinny_gemm.py: float32 on AVX-512/AVX2, bfloat16 on AVX512_BF16 dot products; CPU), 'onednn' (weights pre-packed for oneDNN; CPU, float32/bfloat16), 'default' (PyTorch's), or 'auto' (the first of these that runs here)."""
     q4_rows: int = 8192
     """The most rows a forward reads the decoder's linear weights for as the model's GGUF file holds them, its blocks (Q4_1, Q5_0, Q4_K, Q6_K, Q8_0), instead of their float32 copy (oilbird/gguf_weights.py): the same bits from a sixth (Q4_1) to a third (the byte plane) of the bytes; larger forwards use the float32 kernel. 8192 (every forward of the presets): on two Zen 4 cores the Q4_1 blocks took 0.56x the float32 time at one row, 0.75x at 16, level at 64-128 rows and 0.97x for an 800-token prefill (scripts/q4_ab.py, docs/RESULTS.md); Qwen2.5-Coder-0.5B's forwards on its blocks 0.55x at one row, 0.83x at 16 (two Xeon cores, scripts/forward_ab.py, docs/RESULTS.md, issue 15, stop 47). Float32 GGUF models on an AVX-512 CPU with gemm 'skinny'; elsewhere, and for layers stored otherwise, it changes nothing. 0: never."""
+    block_kernel: str = "fma"
+    """The kernel that reads the GGUF blocks (`q4_rows`): 'fma' rebuilds each float32 weight and gives the float32 kernel's bits (csrc/q4_gemm.cpp); 'int8' (CPUs with AMX and AVX512-VNNI: Intel Xeon since Sapphire Rapids) sums exact int8 parts of the inputs times q on AMX tiles or VNNI dot products (csrc/amx_blocks.cpp): last bits of its own, the same for a row at every row count, so speculation stays token-identical to its own greedy decoding. Measured in docs/RESULTS.md, issue 15, stop 48."""
     fused: bool = True
     """RMSNorm on one kernel call and a gated MLP's gate and up projections in one GEMM (oilbird/fused_layers.py), where the linear layers run our float32 kernels: the same model in fewer PyTorch calls (a one-token SmolLM2 forward makes ~1,300). The MLP's outputs are bit-identical; the norm's mean of squares is summed in float64, so its outputs differ from transformers' by an ulp now and then. False: transformers' own modules."""
     attention: str = "auto"
@@ -100,6 +102,8 @@ class ForwardConfig:
             raise ValueError(f"gemm must be one of {', '.join(GEMMS)}, got {self.gemm!r}")
         if self.q4_rows < 0:
             raise ValueError(f"q4_rows must be >= 0 (0: never), got {self.q4_rows}")
+        if self.block_kernel not in BLOCK_KERNELS:
+            raise ValueError(f"block_kernel must be one of {', '.join(BLOCK_KERNELS)}, got {self.block_kernel!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
 
@@ -203,6 +207,7 @@ def describe_kernels(model: torch.nn.Module) -> str:
     if blocks:  # e.g. '+q4_1,q8_0<=8192' (SmolLM2) or '+q4_k,q5_0,q6_k,q8_0<=8192' (Qwen2.5-Coder-0.5B)
         types = ",".join(sorted({m.block_type.lower() for m in blocks}))
         gemm += f"+{types}<=" + ",".join(map(str, sorted({m.max_rows for m in blocks})))
+        gemm += "".join(sorted({":" + m.kernel_name for m in blocks if m.kernel_name != "fma"}))  # ':int8'; 'fma' unnamed as before
     if kinds & {FusedRMSNorm, FusedMLP}:
         gemm += "+fused"
     return f"{gemm}/{model.config._attn_implementation}"
@@ -243,7 +248,10 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
             if type(module) is torch.nn.Linear:
                 fast.set_submodule(name, layer(module))
     if config.q4_rows and gguf and layer is SkinnyLinear and kernels().q4_available():
-        q4_layers(fast, gguf, config.q4_rows)  # layers stored otherwise keep the float32 kernel
+        try:
+            q4_layers(fast, gguf, config.q4_rows, config.block_kernel)  # layers stored otherwise keep the float32 kernel
+        except ValueError as err:  # 'int8' where the CPU or OS lacks AMX: say so, do not fall back silently
+            raise KernelChoiceError(str(err)) from err
     if config.fused and layer is SkinnyLinear:
         fuse_layers(fast)  # modules of another form keep transformers' own
     if attention != "sdpa":

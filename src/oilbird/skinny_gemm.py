@@ -34,13 +34,17 @@ import torch
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp",
            CSRC / "certified_topk.cpp", CSRC / "bf16_dot_gemm.cpp", CSRC / "key_search.cpp",
-           CSRC / "q4_gemm.cpp", CSRC / "rms_norm.cpp"]  # the module's translation units
+           CSRC / "q4_gemm.cpp", CSRC / "rms_norm.cpp", CSRC / "amx_blocks.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_problem.h",
            CSRC / "tree_attention_avx2.h", CSRC / "tree_attention_lanes.h", CSRC / "topk_scan.h",
-           CSRC / "block_layouts.h"]
+           CSRC / "block_layouts.h", CSRC / "amx_quads.h"]
 # Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).
 ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AMX": ["-mavx512f", "-mavx2", "-mfma"],
              "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
+
+
+# What csrc/amx_blocks.cpp needs, as /proc/cpuinfo names it (Sapphire Rapids and later Xeons).
+AMX_FLAGS = ("amx_tile", "amx_int8", "avx512bw", "avx512vbmi", "avx512_vnni", "bmi2")
 
 
 @lru_cache(maxsize=1)
@@ -68,10 +72,17 @@ def has_bf16_dot() -> bool:
     return "avx512_bf16" in cpu_info().get("flags", "").split()
 
 
+def has_amx() -> bool:
+    """True when the CPU reports AMX int8 tiles and the AVX-512 parts csrc/amx_blocks.cpp uses."""
+    return set(AMX_FLAGS) <= set(cpu_info().get("flags", "").split())
+
+
 def flags() -> list[str]:
     """The compiler flags for this CPU (the kernels are built only where `isa()` is not None)."""
-    bf16 = ["-mavx512bf16"] if isa() in ("AVX512", "AMX") and has_bf16_dot() else []
-    return ["-O3", *ISA_FLAGS.get(isa() or "", []), *bf16, "-fopenmp"]
+    wide = isa() in ("AVX512", "AMX")
+    bf16 = ["-mavx512bf16"] if wide and has_bf16_dot() else []
+    amx = ["-mavx512bw", "-mavx512vbmi", "-mavx512vnni", "-mbmi2", "-mamx-tile", "-mamx-int8"] if wide and has_amx() else []
+    return ["-O3", *ISA_FLAGS.get(isa() or "", []), *bf16, *amx, "-fopenmp"]
 
 
 @contextmanager

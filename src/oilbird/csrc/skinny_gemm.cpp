@@ -52,6 +52,9 @@ torch::Tensor pack_q8(const torch::Tensor& q, const torch::Tensor& d, const torc
 torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& packed,
                         const c10::optional<torch::Tensor>& bias);                // q4_gemm.cpp
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);  // rms_norm.cpp
+bool amx_available();                                                              // amx_blocks.cpp
+torch::Tensor linear_amx(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
+                         bool bytes, int64_t center, int64_t dot_max);            // amx_blocks.cpp
 
 // W [N, K] float32 or bfloat16 (N a multiple of 16) -> the packed layout [N/16, K, 16], same dtype.
 torch::Tensor pack(const torch::Tensor& w) {
@@ -107,5 +110,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q4", &linear_q4, "y = x @ W^T (+ bias) from Q4_1 or Q5_0 blocks, bit-identical to `linear` on fl(d q + m)");
   m.def("pack_q8", &pack_q8, "pack a byte plane (q [N, K] uint8, d and m [N, K/16] float32) into [N/16, K/16, 384]");
   m.def("linear_q8", &linear_q8, "y = x @ W^T (+ bias) from a byte plane, bit-identical to `linear` on fl(d q + m)");
+  m.def("amx_available", &amx_available, "whether the AMX GEMM over blocks was built and the OS granted its tiles");
+  m.def("linear_amx", &linear_amx, "y = x @ W^T (+ bias) from pack_q4 / pack_q8 blocks on AMX tiles (a row's bits independent of the other rows)");
   m.def("rms_norm", &rms_norm, "RMSNorm of the last dimension in one pass (float32; the mean of squares in float64)");
 }
