@@ -39,8 +39,8 @@ BLOCK_KERNELS = ("fma", "int8")
 """The kernels that read blocks: 'fma' (the float32 kernel's bits), 'int8' (AMX tiles and VNNI)."""
 INT8_DOT_ROWS = 1
 """Forwards of at most this many rows take the 'int8' kernel's VNNI dot products, larger ones its
-tiles (the same bits): one row 23 us against the tiles' 33 us, two rows 48 against 39, on a
-1536 x 576 Q4_1 layer, one Xeon core (scripts/int8_blocks_ab.py)."""
+tiles (the same bits): one row 24.6 us against the tiles' 34.3, two rows 46.6 against 39.2, on a
+1536 x 576 Q4_1 layer, one Xeon core (scripts/int8_blocks_ab.py; docs/runs/issue15/stop48)."""
 
 
 def int8_center(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> int:
@@ -119,6 +119,9 @@ class BlockLinear(torch.nn.Module):
         # q's offset the 'int8' kernel takes off (its own for 4 and 5 bits: 8 and 16)
         self.center = int8_center(q, d, m) if plane else 16 if self.bits == 5 else 8
         if kernel == "int8":
+            if int(q.max()) - self.center > 127:  # the tiles read q - c as a signed byte
+                raise ValueError(f"the 'int8' block kernel needs q - {self.center} in a signed byte; "
+                                 f"these blocks reach {int(q.max())}")
             if not kernels().amx_available():
                 raise ValueError("the 'int8' block kernel needs a CPU with AMX and AVX512-VNNI and an OS that "
                                  "grants AMX's tiles; use block_kernel='fma'")

@@ -37,7 +37,8 @@ SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.c
            CSRC / "q4_gemm.cpp", CSRC / "rms_norm.cpp", CSRC / "amx_blocks.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_problem.h",
            CSRC / "tree_attention_avx2.h", CSRC / "tree_attention_lanes.h", CSRC / "topk_scan.h",
-           CSRC / "block_layouts.h", CSRC / "amx_quads.h"]
+           CSRC / "block_layouts.h", CSRC / "amx_quads.h",
+           CSRC / "amx_rows.h"]
 # Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).
 ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AMX": ["-mavx512f", "-mavx2", "-mfma"],
              "AVX2": ["-mavx2", "-mfma", "-mf16c"]}

@@ -16,10 +16,11 @@
 // forward gives each node a one-token step's bits (tests/test_amx_blocks.py). The bits differ from
 // the FMA kernel's in the last places (another rounding), as oneDNN's or MKL's do.
 //
-// q is centred in the finish (q - c with c = 8 for 4-bit, 16 for 5-bit, the caller's `center` for
-// bytes, and m + c d; an exact integer correction) so the two sums do not cancel. The OS must
-// grant the process AMX's tile state (arch_prctl, once); amx_available() says whether it was
-// built and granted.
+// q is centred (q - c with c = 8 for 4-bit, 16 for 5-bit, the caller's `center` for bytes, and
+// m + c d) so the two sums do not cancel: the tiles multiply the parts by q - c as signed bytes,
+// the dot products (unsigned times signed) by q and subtract c times the parts' sums, the same
+// integers. The OS must grant the process AMX's tile state (arch_prctl, once); amx_available()
+// says whether it was built and granted.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -40,15 +41,20 @@
 #include <unistd.h>
 
 #include "amx_quads.h"
+#include "amx_rows.h"
 #endif
 
 namespace {
 
 constexpr int64_t kB = oilbird::blocks::kOutputs;  // outputs per block (one tile's 16 columns)
-constexpr int kParts = 4;                            // int8 parts of x
 
 #if defined(OILBIRD_AMX)
 
+using oilbird::amx::finish_group;  // amx_rows.h
+using oilbird::amx::kParts;
+using oilbird::amx::Rows;
+using oilbird::amx::split_rows;
+using oilbird::amx::store_rows;
 using oilbird::blocks::Quads;  // amx_quads.h
 
 // Ask the kernel for the tile data state (Linux 5.16+): once per process, for every thread.
@@ -77,85 +83,6 @@ inline void prefetch_group(const uint8_t* p) {
   }
 }
 
-// x's rows as the kernels read them (see the top of the file).
-struct Rows {
-  int64_t M, K, G, groups;
-  std::vector<int8_t> parts;   // [M][4][K]: a0, a1, a2, a3 of each row (a tile's rows 4 r + s)
-  std::vector<int32_t> lead;   // [M][groups]: sum_k a0_k 2^7 + sum_k a1_k (for the centring)
-  std::vector<int32_t> trail;  // [M][groups]: sum_k a2_k 2^7 + sum_k a3_k
-  std::vector<float> scale;    // [M][groups]: 2^(e - 26), the weight of the combined parts' unit
-  std::vector<float> sums;     // [M][groups]: sum of x over the group, in input order
-  const int8_t* part(int s, int64_t r, int64_t g) const { return parts.data() + (r * kParts + s) * K + g * G; }
-};
-
-Rows split_rows(const float* x, int64_t M, int64_t K, int64_t G) {
-  const int64_t groups = K / G, n = M * groups;
-  // rows padded with zeros to a multiple of 4: a tile reads four rows' parts at a time
-  Rows rows{M, K, G, groups, std::vector<int8_t>(kParts * ((M + 3) / 4 * 4) * K), std::vector<int32_t>(n), std::vector<int32_t>(n),
-            std::vector<float>(n), std::vector<float>(n)};
-  const __m512 step = _mm512_set1_ps(128.0f);
-  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* xg = x + r * K + g * G;
-      const int64_t i = r * groups + g;
-      float top = 0.0f, sum = 0.0f;
-      for (int64_t k = 0; k < G; ++k) top = std::max(top, std::fabs(xg[k])), sum += xg[k];
-      rows.sums[i] = sum;
-      const int e = top > 0.0f && std::isfinite(top) ? std::ilogb(top) : 0;  // top in [2^e, 2^(e+1))
-      rows.scale[i] = std::ldexp(1.0f, e - 26);  // v = x 2^(5 - e); the parts' unit is 2^-21 of v
-      const __m512 shift = _mm512_set1_ps(static_cast<float>(5 - e));
-      __m512i count[kParts];
-      for (int s = 0; s < kParts; ++s) count[s] = _mm512_setzero_si512();
-      for (int64_t k = 0; k < G; k += 16) {
-        __m512 t = _mm512_scalef_ps(_mm512_loadu_ps(xg + k), shift);  // v, exact; |v| < 64
-        for (int s = 0; s < kParts; ++s) {
-          const __m512 a = _mm512_roundscale_ps(t, kNearest);  // in [-64, 64]
-          const __m512i ai = _mm512_cvtps_epi32(a);
-          count[s] = _mm512_add_epi32(count[s], ai);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(rows.parts.data() + (r * kParts + s) * K + g * G + k),
-                           _mm512_cvtepi32_epi8(ai));
-          t = _mm512_mul_ps(_mm512_sub_ps(t, a), step);  // the rest, exact, in [-64, 64]
-        }
-      }
-      rows.lead[i] = _mm512_reduce_add_epi32(count[0]) * 128 + _mm512_reduce_add_epi32(count[1]);
-      rows.trail[i] = _mm512_reduce_add_epi32(count[2]) * 128 + _mm512_reduce_add_epi32(count[3]);
-    }
-  return rows;
-}
-
-// One group's four exact part sums for MT rows (c: [4][MT][16] int32) scaled into the accumulators:
-// acc += d 2^(e-26) (((C0 2^7 + C1) - c lead) 2^14 + (C2 2^7 + C3) - c trail) + (m + c d) sum_x.
-// The same code after either kernel: the same bits.
-template <typename L, int MT>
-inline void finish_group(__m512* acc, const int32_t* c, int64_t stride, int64_t row_stride, const uint8_t* p,
-                         const Rows& rows, int64_t m0, int64_t g, int center) {
-  __m512 d, m;
-  L::scales(p, d, m);
-  m = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(center)), d, m);  // the centred offset m + c d
-  const __m512 unit = _mm512_set1_ps(16384.0f);
-  for (int r = 0; r < MT; ++r) {
-    const int64_t i = (m0 + r) * rows.groups + g;
-    const auto at = [&](int s) { return _mm512_load_si512(c + s * stride + r * row_stride); };
-    const __m512i hi = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(at(0), 7), at(1)),
-                                        _mm512_set1_epi32(center * rows.lead[i]));
-    const __m512i lo = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(at(2), 7), at(3)),
-                                        _mm512_set1_epi32(center * rows.trail[i]));
-    const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), unit, _mm512_cvtepi32_ps(lo));
-    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(rows.scale[i])), t, acc[r]);
-    acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(rows.sums[i]), acc[r]);
-  }
-}
-
-template <int MT>
-inline void store_rows(const __m512* acc, float* y, int64_t N, int64_t m0, int64_t b, const float* bias) {
-  for (int r = 0; r < MT; ++r) {
-    __m512 out = acc[r];
-    if (bias) out = _mm512_add_ps(out, _mm512_loadu_ps(bias + b * kB));  // after the sum
-    _mm512_storeu_ps(y + (m0 + r) * N + b * kB, out);
-  }
-}
-
 // MT rows (MT <= 4) by NB blocks starting at block b on tiles. x's four parts are the tile's rows
 // (4 r + s), so one tile multiply per group and block gives every part's sums; NB blocks' multiplies
 // share x's tile and run as independent chains, and a group's sums are finished while the next
@@ -164,6 +91,7 @@ template <typename L, int MT, int NB>
 void tile_blocks(const Rows& rows, const uint8_t* wp, float* y, int64_t N, int64_t m0, int64_t b, const float* bias,
                  int center) {
   const int64_t groups = rows.groups;
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(center));
   alignas(64) uint8_t qtile[NB][8 * 64];
   alignas(64) int32_t part[2][NB][16 * 16];  // two groups in flight
   __m512 acc[NB][MT];
@@ -174,26 +102,26 @@ void tile_blocks(const Rows& rows, const uint8_t* wp, float* y, int64_t N, int64
       for (int j = 0; j < NB; ++j) {
         const uint8_t* p = wp + ((b + j) * groups + g) * L::kBytes;
         prefetch_group<L>(p);
-        Quads<L>::rows(p, qtile[j]);
+        Quads<L>::rows(p, qtile[j], offset);
       }
       _tile_loadd(7, rows.part(0, m0, g), rows.K);  // [4 MT, G] int8
       _tile_zero(0);
       _tile_loadd(4, qtile[0], 64);
-      _tile_dpbsud(0, 7, 4);  // every part's sum_k a_k q_k: exact
+      _tile_dpbssd(0, 7, 4);  // every part's sum_k a_k (q_k - c): exact
       if constexpr (NB > 1) {
         _tile_zero(1);
         _tile_loadd(5, qtile[1], 64);
-        _tile_dpbsud(1, 7, 5);
+        _tile_dpbssd(1, 7, 5);
       }
       if constexpr (NB > 2) {
         _tile_zero(2);
         _tile_loadd(6, qtile[2], 64);
-        _tile_dpbsud(2, 7, 6);
+        _tile_dpbssd(2, 7, 6);
       }
     }
     if (g > 0)
       for (int j = 0; j < NB; ++j)
-        finish_group<L, MT>(acc[j], part[(g - 1) & 1][j], 16, 64, wp + ((b + j) * groups + g - 1) * L::kBytes, rows,
+        finish_group<L, MT, true>(acc[j], part[(g - 1) & 1][j], 16, 64, wp + ((b + j) * groups + g - 1) * L::kBytes, rows,
                             m0, g - 1, center);
     if (g < groups) {
       _tile_stored(0, part[g & 1][0], 64);
@@ -204,51 +132,116 @@ void tile_blocks(const Rows& rows, const uint8_t* wp, float* y, int64_t N, int64
   for (int j = 0; j < NB; ++j) store_rows<MT>(acc[j], y, N, m0, b + j, bias);
 }
 
-// MT rows (4 < MT <= 16) by one block on tiles: per group the block's q is turned into quads
+// MT rows (4 < MT <= 16) by one block on tiles: per group the block's q - c is turned into quads
 // once and multiplied by each four rows' parts (tiles of 16 rows, the last one padded with zeros)
-// into one accumulator tile per four rows; then all rows are finished.
+// into one accumulator tile per four rows; a group's sums are finished while the next group's
+// multiplies run.
 template <typename L, int MT>
 void tile_block_tall(const Rows& rows, const uint8_t* wp, float* y, int64_t N, int64_t m0, int64_t b,
                      const float* bias, int center) {
   constexpr int kPasses = (MT + 3) / 4;
   const int64_t groups = rows.groups;
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(center));
   alignas(64) uint8_t qtile[8 * 64];
-  alignas(64) int32_t part[kPasses][16 * 16];
+  alignas(64) int32_t part[2][kPasses][16 * 16];  // two groups in flight
   __m512 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* p = wp + (b * groups + g) * L::kBytes;
-    prefetch_group<L>(p);
-    Quads<L>::rows(p, qtile);
-    _tile_loadd(4, qtile, 64);
-    // tmm0-3: each pass's sums; tmm6, tmm7: x's parts, alternately
-    _tile_zero(0);
-    _tile_loadd(6, rows.part(0, m0, g), rows.K);
-    _tile_dpbsud(0, 6, 4);
-    _tile_zero(1);
-    _tile_loadd(7, rows.part(0, m0 + 4, g), rows.K);
-    _tile_dpbsud(1, 7, 4);
-    if constexpr (kPasses > 2) {
-      _tile_zero(2);
-      _tile_loadd(6, rows.part(0, m0 + 8, g), rows.K);
-      _tile_dpbsud(2, 6, 4);
+  const uint8_t* w = wp + b * groups * L::kBytes;
+  for (int64_t g = 0; g <= groups; ++g) {
+    if (g < groups) {
+      const uint8_t* p = w + g * L::kBytes;
+      prefetch_group<L>(p);
+      Quads<L>::rows(p, qtile, offset);
+      _tile_loadd(4, qtile, 64);
+      // tmm0-3: each pass's sums; tmm6, tmm7: x's parts, alternately
+      _tile_zero(0);
+      _tile_loadd(6, rows.part(0, m0, g), rows.K);
+      _tile_dpbssd(0, 6, 4);
+      _tile_zero(1);
+      _tile_loadd(7, rows.part(0, m0 + 4, g), rows.K);
+      _tile_dpbssd(1, 7, 4);
+      if constexpr (kPasses > 2) {
+        _tile_zero(2);
+        _tile_loadd(6, rows.part(0, m0 + 8, g), rows.K);
+        _tile_dpbssd(2, 6, 4);
+      }
+      if constexpr (kPasses > 3) {
+        _tile_zero(3);
+        _tile_loadd(7, rows.part(0, m0 + 12, g), rows.K);
+        _tile_dpbssd(3, 7, 4);
+      }
     }
-    if constexpr (kPasses > 3) {
-      _tile_zero(3);
-      _tile_loadd(7, rows.part(0, m0 + 12, g), rows.K);
-      _tile_dpbsud(3, 7, 4);
+    if (g > 0) {  // rows 4 i .. 4 i + 3 from pass i (MT - 4 i of them in the last)
+      const uint8_t* p = w + (g - 1) * L::kBytes;
+      auto& prev = part[(g - 1) & 1];
+      finish_group<L, 4, true>(acc, prev[0], 16, 64, p, rows, m0, g - 1, center);
+      finish_group<L, std::min(4, MT - 4), true>(acc + 4, prev[1], 16, 64, p, rows, m0 + 4, g - 1, center);
+      if constexpr (MT > 8) finish_group<L, std::min(4, MT - 8), true>(acc + 8, prev[2], 16, 64, p, rows, m0 + 8, g - 1, center);
+      if constexpr (MT > 12) finish_group<L, MT - 12, true>(acc + 12, prev[3], 16, 64, p, rows, m0 + 12, g - 1, center);
     }
-    _tile_stored(0, part[0], 64);
-    _tile_stored(1, part[1], 64);
-    if constexpr (kPasses > 2) _tile_stored(2, part[2], 64);
-    if constexpr (kPasses > 3) _tile_stored(3, part[3], 64);
-    // rows 4 i .. 4 i + 3 from pass i (MT - 4 i of them in the last)
-    finish_group<L, 4>(acc, part[0], 16, 64, p, rows, m0, g, center);
-    if constexpr (MT > 4) finish_group<L, std::min(4, MT - 4)>(acc + 4, part[1], 16, 64, p, rows, m0 + 4, g, center);
-    if constexpr (MT > 8) finish_group<L, std::min(4, MT - 8)>(acc + 8, part[2], 16, 64, p, rows, m0 + 8, g, center);
-    if constexpr (MT > 12) finish_group<L, MT - 12>(acc + 12, part[3], 16, 64, p, rows, m0 + 12, g, center);
+    if (g < groups) {
+      _tile_stored(0, part[g & 1][0], 64);
+      _tile_stored(1, part[g & 1][1], 64);
+      if constexpr (kPasses > 2) _tile_stored(2, part[g & 1][2], 64);
+      if constexpr (kPasses > 3) _tile_stored(3, part[g & 1][3], 64);
+    }
   }
   store_rows<MT>(acc, y, N, m0, b, bias);
+}
+
+// All M rows (M > 16) by one block on tiles, for prefills: per group the block's q - c is turned
+// into quads once and multiplied by every 16 rows' parts, four tiles of four rows each; a chunk's
+// sums are finished (into `accs`, [M padded to 16][16] float32) while the next chunk's run.
+template <typename L>
+void tile_block_wide(const Rows& rows, const uint8_t* wp, float* y, int64_t N, int64_t b, const float* bias,
+                     int center, float* accs) {
+  const int64_t groups = rows.groups, chunks = (rows.M + 15) / 16;
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(center));
+  alignas(64) uint8_t qtile[8 * 64];
+  alignas(64) int32_t part[2][4][16 * 16];  // two chunks in flight
+  std::fill(accs, accs + chunks * 16 * 16, 0.0f);
+  const uint8_t* w = wp + b * groups * L::kBytes;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* p = w + g * L::kBytes;
+    prefetch_group<L>(p);
+    Quads<L>::rows(p, qtile, offset);
+    _tile_loadd(4, qtile, 64);
+    for (int64_t c = 0; c <= chunks; ++c) {
+      if (c < chunks) {  // tmm0-3: the four passes' sums; tmm6, tmm7: x's parts, alternately
+        _tile_zero(0);
+        _tile_loadd(6, rows.part(0, 16 * c, g), rows.K);
+        _tile_dpbssd(0, 6, 4);
+        _tile_zero(1);
+        _tile_loadd(7, rows.part(0, 16 * c + 4, g), rows.K);
+        _tile_dpbssd(1, 7, 4);
+        _tile_zero(2);
+        _tile_loadd(6, rows.part(0, 16 * c + 8, g), rows.K);
+        _tile_dpbssd(2, 6, 4);
+        _tile_zero(3);
+        _tile_loadd(7, rows.part(0, 16 * c + 12, g), rows.K);
+        _tile_dpbssd(3, 7, 4);
+      }
+      if (c > 0)
+        for (int i = 0; i < 4; ++i) {
+          const int64_t r0 = 16 * (c - 1) + 4 * i;
+          __m512 acc[4];
+          for (int r = 0; r < 4; ++r) acc[r] = _mm512_loadu_ps(accs + (r0 + r) * 16);  // (a vector's alignment: 16 bytes)
+          finish_group<L, 4, true>(acc, part[(c - 1) & 1][i], 16, 64, p, rows, r0, g, center);
+          for (int r = 0; r < 4; ++r) _mm512_storeu_ps(accs + (r0 + r) * 16, acc[r]);
+        }
+      if (c < chunks) {
+        _tile_stored(0, part[c & 1][0], 64);
+        _tile_stored(1, part[c & 1][1], 64);
+        _tile_stored(2, part[c & 1][2], 64);
+        _tile_stored(3, part[c & 1][3], 64);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows.M; ++r) {
+    __m512 out = _mm512_loadu_ps(accs + r * 16);
+    if (bias) out = _mm512_add_ps(out, _mm512_loadu_ps(bias + b * kB));  // after the sum
+    _mm512_storeu_ps(y + r * N + b * kB, out);
+  }
 }
 
 template <typename L, int MT>
@@ -296,7 +289,7 @@ void dot_blocks(const Rows& rows, const uint8_t* wp, float* y, int64_t N, int64_
     for (int j = 0; j < NB; ++j) {
       const uint8_t* p = wp + ((b + j) * groups + g) * L::kBytes;
       prefetch_group<L>(p);
-      Quads<L>::rows(p, qtile[j]);
+      Quads<L>::rows(p, qtile[j], _mm512_setzero_si512());
     }
     __m512i sum[NB][kParts];
     for (int j = 0; j < NB; ++j)
@@ -315,7 +308,7 @@ void dot_blocks(const Rows& rows, const uint8_t* wp, float* y, int64_t N, int64_
     }
     for (int j = 0; j < NB; ++j) {
       for (int s = 0; s < kParts; ++s) _mm512_store_si512(part[j][s], sum[j][s]);
-      finish_group<L, 1>(&acc[j], part[j][0], 16, 0, wp + ((b + j) * groups + g) * L::kBytes, rows, m0, g, center);
+      finish_group<L, 1, false>(&acc[j], part[j][0], 16, 0, wp + ((b + j) * groups + g) * L::kBytes, rows, m0, g, center);
     }
   }
   for (int j = 0; j < NB; ++j) store_rows<1>(&acc[j], y, N, m0, b + j, bias);
@@ -340,8 +333,17 @@ void amx_gemm(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K,
       for (int64_t m0 = 0; m0 < M; ++m0) dot_rows<L>(rows, wp, y, N, m0, b0, b1, bias, center);
       return;
     }
-    for (int64_t m0 = 0; m0 < M; m0 += 16)
-      kTileRows<L>[std::min<int64_t>(16, M - m0)](rows, wp, y, N, m0, b0, b1, bias, center);
+    if (M <= 16) {
+      kTileRows<L>[M](rows, wp, y, N, 0, b0, b1, bias, center);
+    } else {  // a prefill: each group's quads once for all rows
+      TileConfig cfg;
+      for (int t = 0; t < 4; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;           // tmm0-3: sums, [16, 16] int32
+      cfg.rows[4] = L::kInputs / 4, cfg.colsb[4] = 64;                            // tmm4: q, quads x 16
+      for (int t = 6; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = L::kInputs;   // tmm6-7: parts, [16, G] int8
+      _tile_loadconfig(&cfg);
+      std::vector<float> accs((M + 15) / 16 * 16 * 16);
+      for (int64_t b = b0; b < b1; ++b) tile_block_wide<L>(rows, wp, y, N, b, bias, center, accs.data());
+    }
     _tile_release();
   });
 }

@@ -13,8 +13,9 @@
 
 namespace oilbird::blocks {
 
-// One group's q as quads: row kq = for each output j the 4 bytes q_j[4 kq .. 4 kq + 3] (unsigned),
-// 64 bytes, kInputs / 4 rows: the tile multiply's right operand and the dot products' one.
+// One group's q as quads: row kq = for each output j the 4 bytes q_j[4 kq .. 4 kq + 3] minus `offset`
+// (bytewise: 0 leaves q unsigned for the dot products, the centre c makes q - c signed for the
+// tiles), 64 bytes, kInputs / 4 rows.
 template <typename L>
 struct Quads;
 
@@ -34,8 +35,9 @@ inline __m512i nibble_quad(const uint8_t* pairs) {
 
 template <>
 struct Quads<Nibbles> {
-  static void rows(const uint8_t* group, uint8_t* out) {
-    for (int64_t kq = 0; kq < 8; ++kq) _mm512_store_si512(out + kq * 64, nibble_quad(group + 64 + kq * 32));
+  static void rows(const uint8_t* group, uint8_t* out, __m512i offset) {
+    for (int64_t kq = 0; kq < 8; ++kq)
+      _mm512_store_si512(out + kq * 64, _mm512_sub_epi8(nibble_quad(group + 64 + kq * 32), offset));
   }
 };
 
@@ -43,7 +45,7 @@ struct Quads<Nibbles> {
 // of output j, bit 16 + j the odd one) deposited into a byte mask that ORs in 16.
 template <>
 struct Quads<FiveBits> {
-  static void rows(const uint8_t* group, uint8_t* out) {
+  static void rows(const uint8_t* group, uint8_t* out, __m512i offset) {
     const __m512i sixteen = _mm512_set1_epi8(16);
     for (int64_t kq = 0; kq < 8; ++kq) {
       uint32_t w0, w1;
@@ -52,7 +54,7 @@ struct Quads<FiveBits> {
       const uint64_t mask = _pdep_u64(w0 & 0xFFFF, 0x1111111111111111ULL) | _pdep_u64(w0 >> 16, 0x2222222222222222ULL) |
                             _pdep_u64(w1 & 0xFFFF, 0x4444444444444444ULL) | _pdep_u64(w1 >> 16, 0x8888888888888888ULL);
       const __m512i quad = nibble_quad(group + 64 + kq * 32);
-      _mm512_store_si512(out + kq * 64, _mm512_mask_blend_epi8(mask, quad, _mm512_or_si512(quad, sixteen)));
+      _mm512_store_si512(out + kq * 64, _mm512_sub_epi8(_mm512_mask_blend_epi8(mask, quad, _mm512_or_si512(quad, sixteen)), offset));
     }
   }
 };
@@ -60,13 +62,13 @@ struct Quads<FiveBits> {
 // Bytes: input i is 16 bytes (output j's q at byte j): a quad is 64 contiguous bytes, one permute.
 template <>
 struct Quads<Bytes> {
-  static void rows(const uint8_t* group, uint8_t* out) {
+  static void rows(const uint8_t* group, uint8_t* out, __m512i offset) {
     alignas(64) static const uint8_t index[64] = {
         0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21, 37, 53, 6, 22, 38, 54, 7, 23, 39, 55,
         8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59, 12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
     const __m512i perm = _mm512_load_si512(index);
     for (int64_t kq = 0; kq < 4; ++kq)
-      _mm512_store_si512(out + kq * 64, _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(group + 128 + kq * 64)));
+      _mm512_store_si512(out + kq * 64, _mm512_sub_epi8(_mm512_permutexvar_epi8(perm, _mm512_loadu_si512(group + 128 + kq * 64)), offset));
   }
 };
 
