@@ -10,7 +10,7 @@ import torch
 from oilbird.gguf_weights import BlockLinear, int8_center
 from oilbird.kernels import ForwardConfig, describe_kernels
 from oilbird.skinny_gemm import kernels, skinny_available
-from test_gguf_weights import k_quant_blocks, q5_blocks, random_blocks  # tests/ is on sys.path
+from test_gguf_weights import k_quant_blocks, linear_of, q5_blocks, random_blocks  # tests/ is on sys.path
 
 AMX = skinny_available()[0] and kernels().amx_available()
 needs_amx = pytest.mark.skipif(not AMX, reason="the 'int8' block kernel needs AMX and AVX512-VNNI "
@@ -87,9 +87,7 @@ def test_a_block_layer_on_the_int8_kernel_keeps_its_weight_and_names_its_kernel(
     from oilbird.skinny_gemm import SkinnyLinear
 
     q, d, m, weight = random_blocks(32, 64, 9)
-    dense = torch.nn.Linear(64, 32, bias=False)
-    with torch.no_grad():
-        dense.weight.copy_(weight)
+    dense = linear_of(weight)
     block = BlockLinear(SkinnyLinear(dense), q, d, m, max_rows=8, kernel="int8")
     x = inputs(5)[:, :64].contiguous()
     assert "int8 kernel" in repr(block)

@@ -48,6 +48,14 @@ def k_quant_blocks(kind: str, n: int, k: int, seed: int):
     return (*BLOCK_READERS[kind](raw), loaded)
 
 
+def linear_of(weight: torch.Tensor) -> torch.nn.Linear:
+    """A bias-free linear layer holding `weight` [out, in]."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    return linear
+
+
 def test_row_order_finds_the_loaders_permutation_or_none():
     _, _, _, weight = random_blocks(48, 64, 0)
     order = torch.randperm(48, generator=torch.Generator().manual_seed(1))
@@ -146,9 +154,7 @@ def test_a_gated_mlp_fuses_only_projections_in_one_block_layout():
 @needs_q4
 def test_q4_linear_refuses_blocks_that_are_not_its_weight_and_bad_input():
     q, d, m, weight = random_blocks(32, 64, 3)
-    linear = torch.nn.Linear(64, 32, bias=False)
-    with torch.no_grad():
-        linear.weight.copy_(weight)
+    linear = linear_of(weight)
     layer = BlockLinear(SkinnyLinear(linear), q, d, m, max_rows=4)
     x = torch.randn(3, 64)
     with torch.inference_mode():

@@ -39,7 +39,7 @@ BLOCK_KERNELS = ("fma", "int8")
 """The kernels that read blocks: 'fma' (the float32 kernel's bits), 'int8' (AMX tiles and VNNI)."""
 INT8_DOT_ROWS = 1
 """Forwards of at most this many rows take the 'int8' kernel's VNNI dot products, larger ones its
-tiles (the same bits): one row 24.6 us against the tiles' 34.3, two rows 46.6 against 39.2, on a
+tiles (the same bits): one row 24.9 us against the tiles' 34.6, two rows 49.2 against 44.1, on a
 1536 x 576 Q4_1 layer, one Xeon core (scripts/int8_blocks_ab.py; docs/runs/issue15/stop48)."""
 
 

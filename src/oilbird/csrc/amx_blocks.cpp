@@ -3,8 +3,10 @@
 //
 // Why: the FMA kernel (q4_gemm.cpp) rebuilds each float32 weight and runs one FMA per weight and
 // row, so past a few rows a forward costs what its FMAs cost (8 rows: 1.5x one row on SmolLM2).
-// One AMX tile multiply does 16 rows x 16 outputs x 32 inputs of int8 products; a 16-row forward
-// then costs little more than reading the blocks, like a one-row one.
+// One AMX tile multiply does 16 x 16 x 64 int8 products. What it bought, measured on two Xeon
+// cores (docs/RESULTS.md, issue 15, stop 48): level with the FMA kernel for tree forwards, 1.5-3x
+// slower for prefills, because of the float32 finish each group of 32 inputs needs per row (below):
+// not the default (`ForwardConfig.block_kernel`).
 //
 // The arithmetic, exact where it matters. A group's weights are w = d q + m (q a small unsigned
 // integer), so per group g and output n: sum_k x_k w_k = d sum_k x_k q_k + m sum_k x_k. Each row's
