@@ -43,6 +43,13 @@ tiles (the same bits): one row 24.9 us against the tiles' 34.6, two rows 49.2 ag
 1536 x 576 Q4_1 layer, one Xeon core (scripts/int8_blocks_ab.py; docs/runs/issue15/stop48)."""
 
 
+def require_int8() -> None:
+    """Raise ValueError, saying what to do, where the 'int8' block kernel cannot run here."""
+    if not kernels() or not kernels().amx_available():
+        raise ValueError("the 'int8' block kernel needs a CPU with AMX and AVX512-VNNI (Intel Xeon since Sapphire "
+                         "Rapids) and an OS that grants AMX's tiles; use block_kernel='fma'")
+
+
 def int8_center(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> int:
     """The c with m == -c d in every group (Q8_0: 128, Q6_K: 32), which the 'int8' kernel takes off
     q so its two sums do not cancel; 0 where there is none (Q4_K). Only for the byte plane."""
@@ -122,9 +129,7 @@ class BlockLinear(torch.nn.Module):
             if int(q.max()) - self.center > 127:  # the tiles read q - c as a signed byte
                 raise ValueError(f"the 'int8' block kernel needs q - {self.center} in a signed byte; "
                                  f"these blocks reach {int(q.max())}")
-            if not kernels().amx_available():
-                raise ValueError("the 'int8' block kernel needs a CPU with AMX and AVX512-VNNI and an OS that "
-                                 "grants AMX's tiles; use block_kernel='fma'")
+            require_int8()
             amx, center = kernels().linear_amx, self.center
             self.kernel = lambda x, packed, bias: amx(x, packed, bias, plane, center, INT8_DOT_ROWS)
         else:
@@ -205,9 +210,8 @@ def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: 
     """
     if not kernels() or not kernels().q4_available():
         raise ValueError("the GEMM over GGUF blocks needs our kernels built for AVX-512")
-    if kernel == "int8" and not kernels().amx_available():
-        raise ValueError("the 'int8' block kernel needs a CPU with AMX and AVX512-VNNI and an OS that grants "
-                         "AMX's tiles; use block_kernel='fma'")
+    if kernel == "int8":
+        require_int8()
     kept = {}
     for i, layer in enumerate(model.model.layers):
         for name, gguf_name in GGUF_NAMES.items():

@@ -74,6 +74,15 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+// Load `cfg` into the tile configuration. GCC's _tile_loadconfig tells the compiler it reads only
+// the struct's first 8 bytes, so the stores of the rows and columns could be dropped before it:
+// the barrier makes them happen (without it a refactor here ran tile instructions on a garbage
+// configuration: SIGILL).
+inline void load_config(TileConfig& cfg) {
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
 // Far ahead into L2 (the memory stream), near ahead into L1, every line of the group, as the FMA
 // kernel does (q4_gemm.cpp).
 template <typename L>
@@ -134,6 +143,50 @@ void tile_blocks(const Rows& rows, const uint8_t* wp, float* y, int64_t N, int64
   for (int j = 0; j < NB; ++j) store_rows<MT>(acc[j], y, N, m0, b + j, bias);
 }
 
+// Tiles for 16-row passes (the tall and wide paths): tmm0-3 four passes' sums, [16, 16] int32;
+// tmm4 q - c, G/4 quads x 16 outputs; tmm6-7 four rows' parts, [16, G] int8, alternately.
+template <typename L>
+void configure_passes() {
+  TileConfig cfg;
+  for (int t = 0; t < 4; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  cfg.rows[4] = L::kInputs / 4, cfg.colsb[4] = 64;
+  for (int t = 6; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = L::kInputs;
+  load_config(cfg);
+}
+
+// kPasses passes of four rows from row r0, group g: pass i's sums of every part times q - c (in
+// tmm4) into tmm i. (Tile numbers are instruction immediates: hence the unrolled passes.)
+template <int kPasses>
+inline void multiply_passes(const Rows& rows, int64_t r0, int64_t g) {
+  _tile_zero(0);
+  _tile_loadd(6, rows.part(0, r0, g), rows.K);
+  _tile_dpbssd(0, 6, 4);
+  if constexpr (kPasses > 1) {
+    _tile_zero(1);
+    _tile_loadd(7, rows.part(0, r0 + 4, g), rows.K);
+    _tile_dpbssd(1, 7, 4);
+  }
+  if constexpr (kPasses > 2) {
+    _tile_zero(2);
+    _tile_loadd(6, rows.part(0, r0 + 8, g), rows.K);
+    _tile_dpbssd(2, 6, 4);
+  }
+  if constexpr (kPasses > 3) {
+    _tile_zero(3);
+    _tile_loadd(7, rows.part(0, r0 + 12, g), rows.K);
+    _tile_dpbssd(3, 7, 4);
+  }
+}
+
+// Pass i's sums (tmm i) stored to parts[i], [16, 16] int32 each.
+template <int kPasses>
+inline void store_passes(int32_t (*parts)[16 * 16]) {
+  _tile_stored(0, parts[0], 64);
+  if constexpr (kPasses > 1) _tile_stored(1, parts[1], 64);
+  if constexpr (kPasses > 2) _tile_stored(2, parts[2], 64);
+  if constexpr (kPasses > 3) _tile_stored(3, parts[3], 64);
+}
+
 // MT rows (4 < MT <= 16) by one block on tiles: per group the block's q - c is turned into quads
 // once and multiplied by each four rows' parts (tiles of 16 rows, the last one padded with zeros)
 // into one accumulator tile per four rows; a group's sums are finished while the next group's
@@ -155,23 +208,7 @@ void tile_block_tall(const Rows& rows, const uint8_t* wp, float* y, int64_t N, i
       prefetch_group<L>(p);
       Quads<L>::rows(p, qtile, offset);
       _tile_loadd(4, qtile, 64);
-      // tmm0-3: each pass's sums; tmm6, tmm7: x's parts, alternately
-      _tile_zero(0);
-      _tile_loadd(6, rows.part(0, m0, g), rows.K);
-      _tile_dpbssd(0, 6, 4);
-      _tile_zero(1);
-      _tile_loadd(7, rows.part(0, m0 + 4, g), rows.K);
-      _tile_dpbssd(1, 7, 4);
-      if constexpr (kPasses > 2) {
-        _tile_zero(2);
-        _tile_loadd(6, rows.part(0, m0 + 8, g), rows.K);
-        _tile_dpbssd(2, 6, 4);
-      }
-      if constexpr (kPasses > 3) {
-        _tile_zero(3);
-        _tile_loadd(7, rows.part(0, m0 + 12, g), rows.K);
-        _tile_dpbssd(3, 7, 4);
-      }
+      multiply_passes<kPasses>(rows, m0, g);
     }
     if (g > 0) {  // rows 4 i .. 4 i + 3 from pass i (MT - 4 i of them in the last)
       const uint8_t* p = w + (g - 1) * L::kBytes;
@@ -181,12 +218,7 @@ void tile_block_tall(const Rows& rows, const uint8_t* wp, float* y, int64_t N, i
       if constexpr (MT > 8) finish_group<L, std::min(4, MT - 8), true>(acc + 8, prev[2], 16, 64, p, rows, m0 + 8, g - 1, center);
       if constexpr (MT > 12) finish_group<L, MT - 12, true>(acc + 12, prev[3], 16, 64, p, rows, m0 + 12, g - 1, center);
     }
-    if (g < groups) {
-      _tile_stored(0, part[g & 1][0], 64);
-      _tile_stored(1, part[g & 1][1], 64);
-      if constexpr (kPasses > 2) _tile_stored(2, part[g & 1][2], 64);
-      if constexpr (kPasses > 3) _tile_stored(3, part[g & 1][3], 64);
-    }
+    if (g < groups) store_passes<kPasses>(part[g & 1]);
   }
   store_rows<MT>(acc, y, N, m0, b, bias);
 }
@@ -209,20 +241,7 @@ void tile_block_wide(const Rows& rows, const uint8_t* wp, float* y, int64_t N, i
     Quads<L>::rows(p, qtile, offset);
     _tile_loadd(4, qtile, 64);
     for (int64_t c = 0; c <= chunks; ++c) {
-      if (c < chunks) {  // tmm0-3: the four passes' sums; tmm6, tmm7: x's parts, alternately
-        _tile_zero(0);
-        _tile_loadd(6, rows.part(0, 16 * c, g), rows.K);
-        _tile_dpbssd(0, 6, 4);
-        _tile_zero(1);
-        _tile_loadd(7, rows.part(0, 16 * c + 4, g), rows.K);
-        _tile_dpbssd(1, 7, 4);
-        _tile_zero(2);
-        _tile_loadd(6, rows.part(0, 16 * c + 8, g), rows.K);
-        _tile_dpbssd(2, 6, 4);
-        _tile_zero(3);
-        _tile_loadd(7, rows.part(0, 16 * c + 12, g), rows.K);
-        _tile_dpbssd(3, 7, 4);
-      }
+      if (c < chunks) multiply_passes<4>(rows, 16 * c, g);
       if (c > 0)
         for (int i = 0; i < 4; ++i) {
           const int64_t r0 = 16 * (c - 1) + 4 * i;
@@ -231,12 +250,7 @@ void tile_block_wide(const Rows& rows, const uint8_t* wp, float* y, int64_t N, i
           finish_group<L, 4, true>(acc, part[(c - 1) & 1][i], 16, 64, p, rows, r0, g, center);
           for (int r = 0; r < 4; ++r) _mm512_storeu_ps(accs + (r0 + r) * 16, acc[r]);
         }
-      if (c < chunks) {
-        _tile_stored(0, part[c & 1][0], 64);
-        _tile_stored(1, part[c & 1][1], 64);
-        _tile_stored(2, part[c & 1][2], 64);
-        _tile_stored(3, part[c & 1][3], 64);
-      }
+      if (c < chunks) store_passes<4>(part[c & 1]);
     }
   }
   for (int64_t r = 0; r < rows.M; ++r) {
@@ -255,15 +269,12 @@ void tile_rows(const Rows& rows, const uint8_t* wp, float* y, int64_t N, int64_t
     for (int t = 0; t < 3; ++t) cfg.rows[t] = 4 * MT, cfg.colsb[t] = 64;  // tmm0-2: sums of 3 blocks, [4 MT, 16] int32
     for (int t = 4; t < 7; ++t) cfg.rows[t] = G / 4, cfg.colsb[t] = 64;   // tmm4-6: q of 3 blocks, G/4 quads x 16
     cfg.rows[7] = 4 * MT, cfg.colsb[7] = G;                               // tmm7: x's parts, [4 MT, G] int8
-    _tile_loadconfig(&cfg);
+    load_config(cfg);
     int64_t b = b0;
     for (; b + 3 <= b1; b += 3) tile_blocks<L, MT, 3>(rows, wp, y, N, m0, b, bias, center);
     for (; b < b1; ++b) tile_blocks<L, MT, 1>(rows, wp, y, N, m0, b, bias, center);
   } else {
-    for (int t = 0; t < 4; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;  // tmm0-3: each pass's sums, [16, 16] int32
-    cfg.rows[4] = G / 4, cfg.colsb[4] = 64;                           // tmm4: q, G/4 quads x 16
-    for (int t = 6; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = G;   // tmm6-7: four rows' parts, [16, G] int8
-    _tile_loadconfig(&cfg);
+    configure_passes<L>();
     for (int64_t b = b0; b < b1; ++b) tile_block_tall<L, MT>(rows, wp, y, N, m0, b, bias, center);
   }
 }
@@ -338,11 +349,7 @@ void amx_gemm(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K,
     if (M <= 16) {
       kTileRows<L>[M](rows, wp, y, N, 0, b0, b1, bias, center);
     } else {  // a prefill: each group's quads once for all rows
-      TileConfig cfg;
-      for (int t = 0; t < 4; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;           // tmm0-3: sums, [16, 16] int32
-      cfg.rows[4] = L::kInputs / 4, cfg.colsb[4] = 64;                            // tmm4: q, quads x 16
-      for (int t = 6; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = L::kInputs;   // tmm6-7: parts, [16, G] int8
-      _tile_loadconfig(&cfg);
+      configure_passes<L>();
       std::vector<float> accs((M + 15) / 16 * 16 * 16);
       for (int64_t b = b0; b < b1; ++b) tile_block_wide<L>(rows, wp, y, N, b, bias, center, accs.data());
     }
@@ -362,8 +369,9 @@ bool amx_available() {
 #endif
 }
 
-// x [..., K] float32, packed by pack_q4 (320 or 384 bytes a group) or pack_q8 (`bytes` true; q - center
-// centred), bias [N] or None -> y [..., N] float32 on AMX tiles.
+// x [..., K] float32, packed by pack_q4 (320 or 384 bytes a group; centred by 8 or 16) or pack_q8
+// (`bytes` true; centred by `center`, which only the byte plane reads), bias [N] or None ->
+// y [..., N] float32. Forwards of at most `dot_max` rows run on VNNI dot products, more on tiles.
 torch::Tensor linear_amx(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
                          bool bytes, int64_t center, int64_t dot_max) {
   TORCH_CHECK(amx_available(), "linear_amx: AMX is not built here or the OS did not grant its tile state");
