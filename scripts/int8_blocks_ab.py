@@ -1,13 +1,15 @@
-"""The two kernels over GGUF blocks on one random layer, side by side: the FMA kernel
+"""The kernels over GGUF blocks on one random layer, side by side: the FMA kernel
 (csrc/q4_gemm.cpp, `linear_q4`) against the 'int8' kernel's tiles and its dot products
-(csrc/amx_blocks.cpp, `linear_amx`), microseconds a call at each row count, fastest of
-`--repeats` rounds, the kernels alternating. First it checks that tiles and dot products give the
-same bits and prints each kernel's largest error against the exact product of the blocks
-(relative to sum |x| |w|). A layer this small stays in the core's L2 cache, so it times the
+(csrc/amx_blocks.cpp, `linear_amx`) and, where the CPU has AMX-BF16, the 'bf16' kernel's tiles
+(csrc/amx_bf16_blocks.cpp, `linear_amx_bf16`), microseconds a call at each row count, fastest of
+`--repeats` rounds, the kernels alternating. First it checks that the int8 tiles and dot products
+give the same bits, that the bf16 kernel gives each row the bits it gives that row alone, and
+prints each kernel's largest error against the exact product of the blocks (relative to
+sum |x| |w|). A layer this small stays in the core's L2 cache, so it times the
 arithmetic, not the memory stream a model's forward pays (scripts/forward_ab.py times that).
 
 Usage:
-  .venv/bin/python scripts/int8_blocks_ab.py --out N,K --rows 1,2,4,8,16,64 --threads 1
+  .venv/bin/python scripts/int8_blocks_ab.py --shape N,K --rows 1,2,4,8,16,64 --threads 1
 """
 
 from __future__ import annotations
@@ -55,18 +57,27 @@ def main() -> None:
     tiles, dots = amx(x, packed, None, False, 8, 0), amx(x, packed, None, False, 8, 1 << 30)
     scale = x.double().abs() @ exact.abs().T
     reference = x.double() @ exact.T
-    print(f"Q4_1 layer {n}x{k}, {args.threads} thread(s), fastest of {args.repeats}: tiles == dot products: "
-          f"{torch.equal(tiles, dots)}; largest error / sum |x||w|: int8 "
-          f"{((tiles.double() - reference).abs() / scale).max().item():.2e}, "
-          f"fma {((fma(x, packed, None).double() - reference).abs() / scale).max().item():.2e}")
-    print("| rows | fma us | int8 tiles us | int8 dot products us | best int8 / fma |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    error = {"int8": tiles, "fma": fma(x, packed, None)}
+    bf16 = (lambda xr: kernels().linear_amx_bf16(xr, packed, None, False, 8)) if kernels().amx_bf16_available() else None
+    alone = ""
+    if bf16:
+        error["bf16"] = bf16(x)
+        alone = f"; bf16 rows alone == in the whole batch: {all(torch.equal(bf16(x[i:i + 1]), error['bf16'][i:i + 1]) for i in range(len(x)))}"
+    print(f"Q4_1 layer {n}x{k}, {args.threads} thread(s), fastest of {args.repeats}: int8 tiles == dot products: "
+          f"{torch.equal(tiles, dots)}{alone}; largest error / sum |x||w|: "
+          + ", ".join(f"{name} {((y.double() - reference).abs() / scale).max().item():.2e}" for name, y in error.items()))
+    print("| rows | fma us | int8 tiles us | int8 dot products us | best int8 / fma |" + (" bf16 tiles us | bf16 / fma |" if bf16 else ""))
+    print("| ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if bf16 else ""))
     for r in rows:
         xr = x[:r].contiguous()
         times = [best_us(lambda: fma(xr, packed, None), args.repeats),
                  best_us(lambda: amx(xr, packed, None, False, 8, 0), args.repeats),
                  best_us(lambda: amx(xr, packed, None, False, 8, 1 << 30), args.repeats)]
-        print(f"| {r} | {times[0]:.1f} | {times[1]:.1f} | {times[2]:.1f} | {min(times[1:]) / times[0]:.2f} |")
+        tail = ""
+        if bf16:
+            t = best_us(lambda: bf16(xr), args.repeats)
+            tail = f" {t:.1f} | {t / times[0]:.2f} |"
+        print(f"| {r} | {times[0]:.1f} | {times[1]:.1f} | {times[2]:.1f} | {min(times[1:]) / times[0]:.2f} |" + tail)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,15 @@ of a type not read here, keeps the float32 kernel. Forwards of more than `max_ro
 float32 kernel too (`ForwardConfig.q4_rows`; the blocks were faster or level at every size
 measured on two Zen 4 cores: docs/RESULTS.md, issue 15, stop 43).
 
-Two kernels read the blocks (`ForwardConfig.block_kernel`): 'fma' (csrc/q4_gemm.cpp) rebuilds
+Three kernels read the blocks (`ForwardConfig.block_kernel`): 'fma' (csrc/q4_gemm.cpp) rebuilds
 each float32 weight and gives the float32 kernel's bits; 'int8' (csrc/amx_blocks.cpp; CPUs with
 AMX and AVX512-VNNI) splits each group of inputs into four int8 parts whose products with q are
-exact integer sums, on AMX tiles for many rows and VNNI dot products for one: other last bits than
-the float32 kernel's (another rounding, like oneDNN's), but still the same bits for a row at any
-row count, so a tree forward still gives each node a one-token step's bits.
+exact integer sums, on AMX tiles for many rows and VNNI dot products for one; 'bf16'
+(csrc/amx_bf16_blocks.cpp; CPUs with AMX-BF16) writes each input as three bfloat16 parts whose sum
+is the input exactly and multiplies them by q - c on AMX bfloat16 tiles, one float32 sum per
+group. The last two give other last bits than the float32 kernel's (another rounding, like
+oneDNN's), but the same bits for a row at any row count, so a tree forward still gives each node
+a one-token step's bits.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ import torch
 from oilbird.gguf_blocks import BLOCK_READERS, dequantize
 from oilbird.skinny_gemm import SkinnyLinear, kernels
 
-BLOCK_KERNELS = ("fma", "int8")
-"""The kernels that read blocks: 'fma' (the float32 kernel's bits), 'int8' (AMX tiles and VNNI)."""
+BLOCK_KERNELS = ("fma", "int8", "bf16")
+"""The kernels that read blocks: 'fma' (the float32 kernel's bits), 'int8' (AMX tiles and VNNI),
+'bf16' (AMX bfloat16 tiles, each input in three exact parts)."""
 INT8_DOT_ROWS = 1
 """Forwards of at most this many rows take the 'int8' kernel's VNNI dot products, larger ones its
 tiles (the same bits): one row 24.9 us against the tiles' 34.6, two rows 49.2 against 44.1, on a
@@ -48,6 +52,13 @@ def require_int8() -> None:
     if not kernels() or not kernels().amx_available():
         raise ValueError("the 'int8' block kernel needs a CPU with AMX and AVX512-VNNI (Intel Xeon since Sapphire "
                          "Rapids) and an OS that grants AMX's tiles; use block_kernel='fma'")
+
+
+def require_bf16_tiles() -> None:
+    """Raise ValueError, saying what to do, where the 'bf16' block kernel cannot run here."""
+    if not kernels() or not kernels().amx_bf16_available():
+        raise ValueError("the 'bf16' block kernel needs a CPU with AMX-BF16 and AVX512_BF16 (Intel Xeon since "
+                         "Sapphire Rapids) and an OS that grants AMX's tiles; use block_kernel='fma'")
 
 
 def int8_center(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> int:
@@ -91,8 +102,8 @@ class BlockLinear(torch.nn.Module):
             float32 ones [N, K/16] the byte plane.
         max_rows: the most rows a forward reads the blocks for.
         block_type: the GGUF type the blocks came from (e.g. 'Q4_1'), for descriptions.
-        kernel: one of `BLOCK_KERNELS`: 'fma' gives the float32 kernel's bits, 'int8' its own
-            (the same for a row at every row count).
+        kernel: one of `BLOCK_KERNELS`: 'fma' gives the float32 kernel's bits, 'int8' and 'bf16'
+            their own (the same for a row at every row count).
 
     Raises:
         ValueError: if the blocks do not rebuild the layer's weight bit for bit, the shapes do not
@@ -132,6 +143,10 @@ class BlockLinear(torch.nn.Module):
             require_int8()
             amx, center = kernels().linear_amx, self.center
             self.kernel = lambda x, packed, bias: amx(x, packed, bias, plane, center, INT8_DOT_ROWS)
+        elif kernel == "bf16":
+            require_bf16_tiles()
+            bf16, center = kernels().linear_amx_bf16, self.center
+            self.kernel = lambda x, packed, bias: bf16(x, packed, bias, plane, center)
         else:
             self.kernel = kernels().linear_q8 if plane else kernels().linear_q4
         self._bias = dense.packed_bias  # [out] float32 or None (out is a multiple of 16: no padding)
@@ -212,6 +227,8 @@ def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: 
         raise ValueError("the GEMM over GGUF blocks needs our kernels built for AVX-512")
     if kernel == "int8":
         require_int8()
+    if kernel == "bf16":
+        require_bf16_tiles()
     kept = {}
     for i, layer in enumerate(model.model.layers):
         for name, gguf_name in GGUF_NAMES.items():

@@ -34,11 +34,12 @@ import torch
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp",
            CSRC / "certified_topk.cpp", CSRC / "bf16_dot_gemm.cpp", CSRC / "key_search.cpp",
-           CSRC / "q4_gemm.cpp", CSRC / "rms_norm.cpp", CSRC / "amx_blocks.cpp"]  # the module's translation units
+           CSRC / "q4_gemm.cpp", CSRC / "rms_norm.cpp", CSRC / "amx_blocks.cpp",
+           CSRC / "amx_bf16_blocks.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_problem.h",
            CSRC / "tree_attention_avx2.h", CSRC / "tree_attention_lanes.h", CSRC / "topk_scan.h",
            CSRC / "block_layouts.h", CSRC / "amx_quads.h",
-           CSRC / "amx_rows.h"]
+           CSRC / "amx_rows.h", CSRC / "amx_tiles.h", CSRC / "amx_bf16_pairs.h"]
 # Compiler flags by the instruction set PyTorch detects on this CPU (AMX implies AVX-512).
 ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AMX": ["-mavx512f", "-mavx2", "-mfma"],
              "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
@@ -46,6 +47,8 @@ ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AMX": ["-mavx512f", "-
 
 # What csrc/amx_blocks.cpp needs, as /proc/cpuinfo names it (Sapphire Rapids and later Xeons).
 AMX_FLAGS = ("amx_tile", "amx_int8", "avx512bw", "avx512vbmi", "avx512_vnni", "bmi2")
+# What csrc/amx_bf16_blocks.cpp needs besides those.
+AMX_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 @lru_cache(maxsize=1)
@@ -78,11 +81,17 @@ def has_amx() -> bool:
     return set(AMX_FLAGS) <= set(cpu_info().get("flags", "").split())
 
 
+def has_amx_bf16() -> bool:
+    """True when the CPU also reports AMX bfloat16 tiles and AVX512_BF16 (csrc/amx_bf16_blocks.cpp)."""
+    return has_amx() and set(AMX_BF16_FLAGS) <= set(cpu_info().get("flags", "").split())
+
+
 def flags() -> list[str]:
     """The compiler flags for this CPU (the kernels are built only where `isa()` is not None)."""
     wide = isa() in ("AVX512", "AMX")
     bf16 = ["-mavx512bf16"] if wide and has_bf16_dot() else []
     amx = ["-mavx512bw", "-mavx512vbmi", "-mavx512vnni", "-mbmi2", "-mamx-tile", "-mamx-int8"] if wide and has_amx() else []
+    amx += ["-mamx-bf16"] if wide and has_amx_bf16() else []
     return ["-O3", *ISA_FLAGS.get(isa() or "", []), *bf16, *amx, "-fopenmp"]
 
 

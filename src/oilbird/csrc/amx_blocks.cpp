@@ -39,11 +39,9 @@
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__) && defined(__AVX512VBMI__) && \
     defined(__AVX512VNNI__) && defined(__BMI2__)
 #define OILBIRD_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include "amx_quads.h"
 #include "amx_rows.h"
+#include "amx_tiles.h"
 #endif
 
 namespace {
@@ -59,29 +57,8 @@ using oilbird::amx::split_rows;
 using oilbird::amx::store_rows;
 using oilbird::blocks::Quads;  // amx_quads.h
 
-// Ask the kernel for the tile data state (Linux 5.16+): once per process, for every thread.
-bool amx_granted() {
-  static const bool granted = [] {
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-  }();
-  return granted;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Load `cfg` into the tile configuration. GCC's _tile_loadconfig tells the compiler it reads only
-// the struct's first 8 bytes, so the stores of the rows and columns could be dropped before it:
-// the barrier makes them happen (without it a refactor here ran tile instructions on a garbage
-// configuration: SIGILL).
-inline void load_config(TileConfig& cfg) {
-  asm volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
+using oilbird::amx::load_config;  // amx_tiles.h
+using oilbird::amx::TileConfig;
 
 // Far ahead into L2 (the memory stream), near ahead into L1, every line of the group, as the FMA
 // kernel does (q4_gemm.cpp).
@@ -363,7 +340,7 @@ void amx_gemm(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K,
 
 bool amx_available() {
 #if defined(OILBIRD_AMX)
-  return amx_granted();
+  return oilbird::amx::tiles_granted();
 #else
   return false;
 #endif

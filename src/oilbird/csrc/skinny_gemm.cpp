@@ -55,6 +55,9 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 bool amx_available();                                                              // amx_blocks.cpp
 torch::Tensor linear_amx(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
                          bool bytes, int64_t center, int64_t dot_max);            // amx_blocks.cpp
+bool amx_bf16_available();                                                         // amx_bf16_blocks.cpp
+torch::Tensor linear_amx_bf16(const torch::Tensor& x, const torch::Tensor& packed,
+                              const c10::optional<torch::Tensor>& bias, bool bytes, int64_t center);                                    // amx_bf16_blocks.cpp
 
 // W [N, K] float32 or bfloat16 (N a multiple of 16) -> the packed layout [N/16, K, 16], same dtype.
 torch::Tensor pack(const torch::Tensor& w) {
@@ -112,5 +115,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q8", &linear_q8, "y = x @ W^T (+ bias) from a byte plane, bit-identical to `linear` on fl(d q + m)");
   m.def("amx_available", &amx_available, "whether the AMX GEMM over blocks was built and the OS granted its tiles");
   m.def("linear_amx", &linear_amx, "y = x @ W^T (+ bias) from pack_q4 / pack_q8 blocks on AMX tiles (a row's bits independent of the other rows)");
+  m.def("amx_bf16_available", &amx_bf16_available, "whether the AMX-BF16 GEMM over blocks was built and granted");
+  m.def("linear_amx_bf16", &linear_amx_bf16, "y = x @ W^T (+ bias) from pack_q4 / pack_q8 blocks on AMX bfloat16 tiles (x in three exact parts)");
   m.def("rms_norm", &rms_norm, "RMSNorm of the last dimension in one pass (float32; the mean of squares in float64)");
 }

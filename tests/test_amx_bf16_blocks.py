@@ -1,0 +1,101 @@
+"""The 'bf16' kernel over GGUF blocks (csrc/amx_bf16_blocks.cpp, `ForwardConfig.block_kernel`): AMX
+bfloat16 tiles over each input written as three exact bfloat16 parts. A row's bits never depend on
+how many rows are beside it (the narrow path up to 16 rows and the wide one above it alike); the
+result is the blocks' exact product to float32 precision; on the real model a forward's rows are
+those of a shorter forward, bit for bit, and speculation stays token-identical to its own greedy
+decoding. Runs where the CPU has AMX-BF16 (Intel Xeon since Sapphire Rapids); skipped elsewhere,
+saying so."""
+
+import pytest
+import torch
+
+from oilbird.decode import DecodeConfig, decode
+from oilbird.drafters import make_drafter
+from oilbird.gguf_weights import BlockLinear
+from oilbird.kernels import ForwardConfig, describe_kernels
+from oilbird.skinny_gemm import kernels, skinny_available
+from oilbird.verifier import TreeVerifier
+from test_amx_blocks import LAYOUTS, inputs, layer  # tests/ is on sys.path
+from test_gguf_weights import linear_of, random_blocks
+
+BF16_TILES = skinny_available()[0] and kernels().amx_bf16_available()
+needs_tiles = pytest.mark.skipif(not BF16_TILES, reason="the 'bf16' block kernel needs AMX-BF16 and AVX512_BF16 "
+                                 "(Intel Xeon since Sapphire Rapids) and an OS that grants AMX's tiles")
+
+
+@needs_tiles
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(kind):
+    packed, plane, center, exact = layer(kind)
+    x = inputs(70)
+    bf16 = kernels().linear_amx_bf16
+    full = bf16(x, packed, None, plane, center)  # [70, 64]: the wide path (rows in 32s)
+    for rows in (1, 2, 3, 5, 16, 17, 31, 33, 64):  # narrow up to 16 rows, wide above, partial tiles
+        assert torch.equal(bf16(x[:rows], packed, None, plane, center), full[:rows]), rows
+    for i in range(0, 70, 9):  # each row alone, and a window that starts mid-tile
+        assert torch.equal(bf16(x[i:i + 1], packed, None, plane, center), full[i:i + 1]), i
+        assert torch.equal(bf16(x[i:i + 20], packed, None, plane, center), full[i:i + 20]), i
+    # The exact product of the blocks, to float32 precision: the error under 2^-20 of sum |x| |w|.
+    error = (full.double() - x.double() @ exact.T).abs()
+    assert (error <= 2.0 ** -20 * (x.double().abs() @ exact.abs().T)).all()
+
+
+@needs_tiles
+def test_the_bias_is_added_after_the_sum_and_bad_input_is_refused():
+    packed, plane, center, _ = layer("Q4_1")
+    x, bias = inputs(20), torch.randn(64)
+    bf16 = kernels().linear_amx_bf16
+    for rows in (3, 20):  # both paths
+        assert torch.equal(bf16(x[:rows], packed, bias, plane, center), bf16(x[:rows], packed, None, plane, center) + bias)
+    assert bf16(x[:3].view(3, 1, 256), packed, None, plane, center).shape == (3, 1, 64)  # any leading shape
+    assert bf16(x[:0], packed, None, plane, center).shape == (0, 64)
+    with pytest.raises(RuntimeError, match="features"):
+        bf16(torch.randn(2, 128), packed, None, plane, center)
+    with pytest.raises(RuntimeError, match="bias"):
+        bf16(x, packed, torch.randn(63), plane, center)
+    with pytest.raises(RuntimeError, match="pack_q4"):
+        bf16(x, packed[:, :, :300].contiguous(), None, plane, center)
+    with pytest.raises(RuntimeError, match="center"):
+        bf16(x, packed, None, plane, 200)
+
+
+@needs_tiles
+def test_a_block_layer_on_the_bf16_kernel_keeps_its_weight_and_names_its_kernel():
+    from oilbird.skinny_gemm import SkinnyLinear
+
+    q, d, m, weight = random_blocks(32, 64, 9)
+    dense = linear_of(weight)
+    block = BlockLinear(SkinnyLinear(dense), q, d, m, max_rows=64, kernel="bf16")
+    x = inputs(40)[:, :64].contiguous()
+    assert "bf16 kernel" in repr(block)
+    assert torch.allclose(block(x), dense(x), rtol=1e-5, atol=1e-5)
+    assert torch.equal(block(x[2:3]), block(x)[2:3])
+
+
+@needs_tiles
+def test_smollm2_on_the_bf16_kernel_gives_a_longer_forwards_rows_the_shorter_ones_bits(smol):
+    tiles = smol.tree_model(ForwardConfig(block_kernel="bf16"))
+    fma = smol.tree_model(ForwardConfig())
+    assert describe_kernels(tiles).startswith("skinny+q4_1,q8_0<=8192:bf16+fused/")
+    ids = torch.tensor([smol.encode_text("def fibonacci(n):\n    \"\"\"Return the n-th number." * 4)])
+    with torch.inference_mode():
+        long = tiles(input_ids=ids[:, :40]).logits  # [1, 40, V]: the wide path
+        for n in (1, 2, 9, 16, 17, 33):  # narrow and wide: the same rows' bits
+            assert torch.equal(tiles(input_ids=ids[:, :n]).logits, long[:, :n]), n
+        # another rounding than the float32 kernel's, not another model
+        assert torch.allclose(long, fma(input_ids=ids[:, :40]).logits, atol=1e-3)
+
+
+@needs_tiles
+@pytest.mark.parametrize("method", ["pld", "oilbird"])
+def test_speculation_on_the_bf16_kernel_equals_its_greedy_decoding(smol, api_bank_prompts, method):
+    verifier = TreeVerifier(smol.tree_model(ForwardConfig(block_kernel="bf16")), smol.stop_ids)
+    greedy, drafter = make_drafter("ar"), make_drafter(method)
+    forwards = tokens = 0
+    for i, ids in enumerate(api_bank_prompts[:3]):
+        config = DecodeConfig(max_new_tokens=32)
+        want = decode(verifier, greedy, ids, config, max_context=smol.max_context, request_id=f"a{i}")
+        got = decode(verifier, drafter, ids, config, max_context=smol.max_context, request_id=f"s{i}")
+        assert got.output_ids == want.output_ids, i
+        forwards, tokens = forwards + got.forwards, tokens + len(got.output_ids)
+    assert tokens / forwards > 1.1  # drafts were accepted: the trees' rows were verified
