@@ -11,16 +11,10 @@ import torch
 
 from oilbird.decode import DecodeConfig, decode
 from oilbird.drafters import make_drafter
-from oilbird.gguf_weights import BlockLinear
 from oilbird.kernels import ForwardConfig, describe_kernels
-from oilbird.skinny_gemm import kernels, skinny_available
+from oilbird.skinny_gemm import kernels
 from oilbird.verifier import TreeVerifier
-from test_amx_blocks import LAYOUTS, inputs, layer  # tests/ is on sys.path
-from test_gguf_weights import linear_of, random_blocks
-
-BF16_TILES = skinny_available()[0] and kernels().amx_bf16_available()
-needs_tiles = pytest.mark.skipif(not BF16_TILES, reason="the 'bf16' block kernel needs AMX-BF16 and AVX512_BF16 "
-                                 "(Intel Xeon since Sapphire Rapids) and an OS that grants AMX's tiles")
+from test_amx_blocks import LAYOUTS, inputs, layer, needs_tiles  # tests/ is on sys.path (the BlockLinear test is there)
 
 
 @needs_tiles
@@ -57,19 +51,6 @@ def test_the_bias_is_added_after_the_sum_and_bad_input_is_refused():
         bf16(x, packed[:, :, :300].contiguous(), None, plane, center)
     with pytest.raises(RuntimeError, match="center"):
         bf16(x, packed, None, plane, 200)
-
-
-@needs_tiles
-def test_a_block_layer_on_the_bf16_kernel_keeps_its_weight_and_names_its_kernel():
-    from oilbird.skinny_gemm import SkinnyLinear
-
-    q, d, m, weight = random_blocks(32, 64, 9)
-    dense = linear_of(weight)
-    block = BlockLinear(SkinnyLinear(dense), q, d, m, max_rows=64, kernel="bf16")
-    x = inputs(40)[:, :64].contiguous()
-    assert "bf16 kernel" in repr(block)
-    assert torch.allclose(block(x), dense(x), rtol=1e-5, atol=1e-5)
-    assert torch.equal(block(x[2:3]), block(x)[2:3])
 
 
 @needs_tiles

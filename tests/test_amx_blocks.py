@@ -1,5 +1,6 @@
 """The 'int8' kernel over GGUF blocks (csrc/amx_blocks.cpp, `ForwardConfig.block_kernel`): AMX
-tiles and VNNI dot products give the same bits; a row's bits never depend on how many rows are
+tiles and VNNI dot products give the same bits (and, with the 'bf16' kernel's, a `BlockLinear` on
+either AMX kernel); a row's bits never depend on how many rows are
 beside it; the result is the blocks' exact product to float32 precision; and on the real model a
 forward's rows are those of a shorter forward, bit for bit. Runs where the CPU has AMX and
 AVX512-VNNI (Intel Xeon since Sapphire Rapids); skipped elsewhere, saying so."""
@@ -15,6 +16,9 @@ from test_gguf_weights import k_quant_blocks, linear_of, q5_blocks, random_block
 AMX = skinny_available()[0] and kernels().amx_available()
 needs_amx = pytest.mark.skipif(not AMX, reason="the 'int8' block kernel needs AMX and AVX512-VNNI "
                                "(Intel Xeon since Sapphire Rapids) and an OS that grants AMX's tiles")
+BF16_TILES = AMX and kernels().amx_bf16_available()
+needs_tiles = pytest.mark.skipif(not BF16_TILES, reason="the 'bf16' block kernel needs AMX-BF16 and AVX512_BF16 "
+                                 "(Intel Xeon since Sapphire Rapids) and an OS that grants AMX's tiles")
 
 LAYOUTS = ["Q4_1", "Q5_0", "Q8_0", "Q6_K", "Q4_K"]
 
@@ -82,17 +86,18 @@ def test_the_block_kernel_is_checked_by_name():
         ForwardConfig(block_kernel="amx")
 
 
-@needs_amx
-def test_a_block_layer_on_the_int8_kernel_keeps_its_weight_and_names_its_kernel():
+@pytest.mark.parametrize("kernel", [pytest.param("int8", marks=needs_amx), pytest.param("bf16", marks=needs_tiles)])
+def test_a_block_layer_on_an_amx_kernel_keeps_its_weight_and_names_its_kernel(kernel):
     from oilbird.skinny_gemm import SkinnyLinear
 
     q, d, m, weight = random_blocks(32, 64, 9)
     dense = linear_of(weight)
-    block = BlockLinear(SkinnyLinear(dense), q, d, m, max_rows=8, kernel="int8")
-    x = inputs(5)[:, :64].contiguous()
-    assert "int8 kernel" in repr(block)
+    block = BlockLinear(SkinnyLinear(dense), q, d, m, max_rows=64, kernel=kernel)
+    x = inputs(40)[:, :64].contiguous()  # every path: one row, a few, 16-row tiles, more
+    assert f"{kernel} kernel" in repr(block)
     assert torch.allclose(block(x), dense(x), rtol=1e-5, atol=1e-5)
     assert torch.equal(block(x[2:3]), block(x)[2:3])
+    assert torch.equal(block(x[:5]), block(x)[:5])
     with pytest.raises(ValueError, match="block kernel"):
         BlockLinear(SkinnyLinear(dense), q, d, m, max_rows=8, kernel="fast")
 
