@@ -24,10 +24,10 @@
 //
 // Paths: up to 16 rows one row tile and two blocks at a time; more rows (prefills, large trees)
 // two row tiles by two blocks, each B tile made once per 32 rows. What it bought, on two Xeon
-// cores (docs/RESULTS.md, issue 15, stop 49): half the FMA kernel's time for a Q4_1 layer at 16
-// rows, but 1.4-1.7x at one row, where making the B tiles (three vpermd-class shuffles per 32
-// weights) and the tile multiplies (one per part, whatever the row count) do not overlap; SmolLM2's
-// one-token step 1.2-1.3x slower, its 16-node forward 0.85x: the flattest cost curve here, not the
+// cores (docs/RESULTS.md, issue 15, stop 49): 0.54x the FMA kernel's time for a Q4_1 layer at 16
+// rows but 1.56x at one row, where making the B tiles (three vpermd-class shuffles per 32 weights)
+// and the tile multiplies (one per part, whatever the row count) do not overlap; SmolLM2's
+// one-token forward 1.23x slower, its 16-node forward 0.85x: the flattest cost curve here, not the
 // fastest decoding, so not the default (`ForwardConfig.block_kernel`).
 
 #include <torch/extension.h>
@@ -160,7 +160,7 @@ inline void multiply_narrow(const Split& s, int64_t k, const uint8_t* b0, const 
 // Blocks b and b + 1 (or b alone), every row. The three jobs of a group are staggered so that none
 // waits on the memory another just wrote: group g's multiplies are issued, then group g + 1's B
 // tiles made (`slots`, a ring of kRing per block), then group g - 2's sums finished (a ring of
-// kRing); one group apart each (made, multiplied, finished) it ran 5% slower at one row.
+// kRing), which measured a little faster at one row than one group apart each.
 template <typename L, bool kTwo>
 void narrow_pair(const Split& s, const uint8_t* wp, float* y, int64_t N, int64_t b, const float* bias,
                  const PairRows<L>& pairs, int center, uint8_t* slots) {
