@@ -11,6 +11,7 @@ import torch
 
 from oilbird.decode import DecodeConfig, decode
 from oilbird.drafters import make_drafter
+from oilbird import gguf_weights
 from oilbird.kernels import ForwardConfig, describe_kernels
 from oilbird.skinny_gemm import kernels
 from oilbird.verifier import TreeVerifier
@@ -80,3 +81,17 @@ def test_speculation_on_the_bf16_kernel_equals_its_greedy_decoding(smol, api_ban
         assert got.output_ids == want.output_ids, i
         forwards, tokens = forwards + got.forwards, tokens + len(got.output_ids)
     assert tokens / forwards > 1.1  # drafts were accepted: the trees' rows were verified
+
+
+@pytest.mark.parametrize("kernel, require", [("int8", gguf_weights.require_int8),
+                                             ("bf16", gguf_weights.require_bf16_tiles)])
+def test_an_amx_kernel_without_amx_is_refused_saying_what_to_use(monkeypatch, kernel, require):
+    class NoTiles:  # what a build without AMX (or an OS that withholds the tiles) reports
+        def amx_available(self):
+            return False
+
+        amx_bf16_available = amx_available
+
+    monkeypatch.setattr(gguf_weights, "kernels", lambda: NoTiles())
+    with pytest.raises(ValueError, match=f"'{kernel}' block kernel needs a CPU with AMX.*use block_kernel='fma'"):
+        require()

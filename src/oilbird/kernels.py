@@ -250,7 +250,7 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
     if config.q4_rows and gguf and layer is SkinnyLinear and kernels().q4_available():
         try:
             q4_layers(fast, gguf, config.q4_rows, config.block_kernel)  # layers stored otherwise keep the float32 kernel
-        except ValueError as err:  # 'int8' where the CPU or OS lacks AMX: say so, do not fall back silently
+        except ValueError as err:  # 'int8' or 'bf16' where the CPU or OS lacks AMX: say so, do not fall back silently
             raise KernelChoiceError(str(err)) from err
     if config.fused and layer is SkinnyLinear:
         fuse_layers(fast)  # modules of another form keep transformers' own
