@@ -95,3 +95,35 @@ def test_an_amx_kernel_without_amx_is_refused_saying_what_to_use(monkeypatch, ke
     monkeypatch.setattr(gguf_weights, "kernels", lambda: NoTiles())
     with pytest.raises(ValueError, match=f"'{kernel}' block kernel needs a CPU with AMX.*use block_kernel='fma'"):
         require()
+
+
+@needs_tiles
+def test_prefills_run_the_prefill_kernel_and_every_other_forward_the_steps(smol):
+    mixed = smol.tree_model(ForwardConfig(prefill_kernel="bf16"))
+    tiles, fma = smol.tree_model(ForwardConfig(block_kernel="bf16")), smol.tree_model(ForwardConfig())
+    assert describe_kernels(mixed).startswith("skinny+q4_1,q8_0<=8192+prefill:bf16+fused/")
+    assert gguf_weights.prefill_switch(fma) is None  # no prefill kernel: nothing to switch
+    switch = gguf_weights.prefill_switch(mixed)
+    ids = torch.tensor([smol.encode_text("def fibonacci(n):\n    \"\"\"Return the n-th number." * 4)])[:, :40]
+    with torch.inference_mode():
+        with switch.prefilling():  # every block layer, the fused MLPs' gate and up included
+            assert torch.equal(mixed(input_ids=ids).logits, tiles(input_ids=ids).logits)
+        assert not switch.on
+        assert torch.equal(mixed(input_ids=ids).logits, fma(input_ids=ids).logits)
+    with pytest.raises(ValueError, match="prefill_kernel"):
+        ForwardConfig(prefill_kernel="amx")
+
+
+@needs_tiles
+@pytest.mark.parametrize("method", ["pld", "oilbird"])
+def test_speculation_after_a_prefill_on_another_kernel_equals_greedy_decoding(smol, api_bank_prompts, method):
+    verifier = TreeVerifier(smol.tree_model(ForwardConfig(prefill_kernel="bf16")), smol.stop_ids)
+    plain = TreeVerifier(smol.tree_model(ForwardConfig()), smol.stop_ids)
+    greedy, drafter = make_drafter("ar"), make_drafter(method)
+    for i, ids in enumerate(api_bank_prompts[:3]):
+        config = DecodeConfig(max_new_tokens=32)
+        want = decode(verifier, greedy, ids, config, max_context=smol.max_context, request_id=f"a{i}")
+        got = decode(verifier, drafter, ids, config, max_context=smol.max_context, request_id=f"s{i}")
+        assert got.output_ids == want.output_ids, i
+        # the same model: its prompt's last bits are another kernel's, its answer the same here
+        assert decode(plain, greedy, ids, config, max_context=smol.max_context).output_ids == want.output_ids, i

@@ -96,11 +96,12 @@ class FusedMLP(torch.nn.Module):
                     raise ValueError("gate and up projections read their blocks up to different row counts")
                 if gate.bits != up.bits:  # one call runs one block layout
                     raise ValueError(f"gate and up projections in {gate.bits}- and {up.bits}-bit blocks")
-                if (gate.kernel_name, gate.center) != (up.kernel_name, up.center):  # and one kernel
+                if ((gate.kernel_name, gate.prefill_kernel_name, gate.center, gate.switch)
+                        != (up.kernel_name, up.prefill_kernel_name, up.center, up.switch)):  # and one kernel
                     raise ValueError("gate and up projections on different block kernels or offsets")
                 packed = torch.cat([gate.packed_q4, up.packed_q4])  # [2 * blocks, K/G, bytes]
                 gate.packed_q4, up.packed_q4 = packed[:blocks], packed[blocks:]  # views: one copy in all
-                self._linear = gate.kernel
+                self._linear = gate.run  # the step's kernel, or the prefill's while its switch is on
                 self._max_elements = gate.max_rows * gate.in_features
             else:
                 packed = kernels().pack(torch.cat([gate.weight.detach(), up.weight.detach()]))  # [2 * blocks, K, 16]

@@ -31,6 +31,7 @@ a one-token step's bits.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -104,6 +105,8 @@ class BlockLinear(torch.nn.Module):
         block_type: the GGUF type the blocks came from (e.g. 'Q4_1'), for descriptions.
         kernel: one of `BLOCK_KERNELS`: 'fma' gives the float32 kernel's bits, 'int8' and 'bf16'
             their own (the same for a row at every row count).
+        prefill_kernel: the kernel of forwards run while `switch` is on (prefills); None: `kernel`.
+        switch: the model's `PrefillSwitch`, shared by its block layers; None: no prefill kernel.
 
     Raises:
         ValueError: if the blocks do not rebuild the layer's weight bit for bit, the shapes do not
@@ -111,7 +114,8 @@ class BlockLinear(torch.nn.Module):
     """
 
     def __init__(self, dense: SkinnyLinear, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-                 max_rows: int, block_type: str = "Q4_1", kernel: str = "fma") -> None:
+                 max_rows: int, block_type: str = "Q4_1", kernel: str = "fma",
+                 prefill_kernel: str | None = None, switch: "PrefillSwitch | None" = None) -> None:
         super().__init__()
         self.block_type = block_type
         self.dense = dense
@@ -131,33 +135,79 @@ class BlockLinear(torch.nn.Module):
         # The forward runs ~200 times per model forward: what it needs, looked up once here
         # (module attribute lookups and reshapes in Python cost as much as a small layer's GEMM).
         self._max_elements = max_rows * self.in_features
-        if kernel not in BLOCK_KERNELS:
-            raise ValueError(f"block kernel must be one of {', '.join(BLOCK_KERNELS)}, got {kernel!r}")
-        self.kernel_name = kernel
         # q's offset the 'int8' kernel takes off (its own for 4 and 5 bits: 8 and 16)
         self.center = int8_center(q, d, m) if plane else 16 if self.bits == 5 else 8
-        if kernel == "int8":
-            if int(q.max()) - self.center > 127:  # the tiles read q - c as a signed byte
-                raise ValueError(f"the 'int8' block kernel needs q - {self.center} in a signed byte; "
-                                 f"these blocks reach {int(q.max())}")
-            require_int8()
-            amx, center = kernels().linear_amx, self.center
-            self.kernel = lambda x, packed, bias: amx(x, packed, bias, plane, center, INT8_DOT_ROWS)
-        elif kernel == "bf16":
-            require_bf16_tiles()
-            bf16, center = kernels().linear_amx_bf16, self.center
-            self.kernel = lambda x, packed, bias: bf16(x, packed, bias, plane, center)
-        else:
-            self.kernel = kernels().linear_q8 if plane else kernels().linear_q4
+        self.kernel_name, self.kernel = kernel, _kernel_call(kernel, plane, self.center, int(q.max()))
+        self.prefill_kernel_name, self.switch = kernel, switch
+        self._prefill = self.kernel
+        if switch is not None and prefill_kernel not in (None, kernel):
+            self.prefill_kernel_name = prefill_kernel
+            self._prefill = _kernel_call(prefill_kernel, plane, self.center, int(q.max()))
         self._bias = dense.packed_bias  # [out] float32 or None (out is a multiple of 16: no padding)
+
+    def run(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The block kernel over `packed`: the prefill kernel while `switch` is on, else the step's."""
+        if self.switch is not None and self.switch.on:
+            return self._prefill(x, packed, bias)
+        return self.kernel(x, packed, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if x.numel() > self._max_elements:  # more than max_rows rows
             return self.dense(x)
-        return self.kernel(x, self.packed_q4, self._bias)  # [..., out]; the kernel reshapes
+        return self.run(x, self.packed_q4, self._bias)  # [..., out]; the kernel reshapes
 
     def extra_repr(self) -> str:
-        return f"{self.block_type} blocks ({self.bits} bits, {self.kernel_name} kernel) up to {self.max_rows} rows"
+        prefill = f", {self.prefill_kernel_name} for prefills" if self.prefill_kernel_name != self.kernel_name else ""
+        return (f"{self.block_type} blocks ({self.bits} bits, {self.kernel_name} kernel{prefill}) "
+                f"up to {self.max_rows} rows")
+
+
+class PrefillSwitch:
+    """Which forwards of one model are prefills, for its `BlockLinear`s that run another kernel then.
+
+    A prefill computes the prompt's positions and nothing a draft is checked against: a one-token
+    step and a tree forward over the same positions run the step's kernel whatever the switch,
+    so speculation stays token-identical to greedy decoding on the same kernels, and every
+    method (and `ar`) prefills a prompt with the same kernel. The verifier turns it on around its
+    prefills (`prefilling`); a model runs one forward at a time.
+    """
+
+    def __init__(self) -> None:
+        self.on = False
+
+    @contextmanager
+    def prefilling(self):
+        self.on = True
+        try:
+            yield
+        finally:
+            self.on = False
+
+
+def prefill_switch(model: torch.nn.Module) -> PrefillSwitch | None:
+    """The switch `q4_layers` gave `model`'s block layers, or None when prefills run the step's kernel."""
+    return next((m.switch for m in model.modules() if isinstance(m, BlockLinear) and m.switch is not None), None)
+
+
+def _kernel_call(kernel: str, plane: bool, center: int, q_max: int):
+    """(x, packed, bias) -> y on block kernel `kernel` for blocks of this plane and offset.
+
+    Raises:
+        ValueError: if `kernel` is unknown or cannot run here or on these blocks.
+    """
+    if kernel not in BLOCK_KERNELS:
+        raise ValueError(f"block kernel must be one of {', '.join(BLOCK_KERNELS)}, got {kernel!r}")
+    if kernel == "int8":
+        if q_max - center > 127:  # the tiles read q - c as a signed byte
+            raise ValueError(f"the 'int8' block kernel needs q - {center} in a signed byte; these blocks reach {q_max}")
+        require_int8()
+        amx = kernels().linear_amx
+        return lambda x, packed, bias: amx(x, packed, bias, plane, center, INT8_DOT_ROWS)
+    if kernel == "bf16":
+        require_bf16_tiles()
+        bf16 = kernels().linear_amx_bf16
+        return lambda x, packed, bias: bf16(x, packed, bias, plane, center)
+    return kernels().linear_q8 if plane else kernels().linear_q4
 
 
 class GGUFTensors:
@@ -185,7 +235,8 @@ class GGUFTensors:
 
 
 def block_layer(module: torch.nn.Module, tensor: tuple[str, object] | None, max_rows: int,
-                kernel: str = "fma") -> BlockLinear | str:
+                kernel: str = "fma", prefill_kernel: str | None = None,
+                switch: PrefillSwitch | None = None) -> BlockLinear | str:
     """`module` on the GGUF blocks `tensor` (type name, raw data), or why it keeps the float32 kernel."""
     if not isinstance(module, SkinnyLinear):
         return f"it runs {type(module).__name__}, not our float32 kernel"
@@ -196,12 +247,13 @@ def block_layer(module: torch.nn.Module, tensor: tuple[str, object] | None, max_
         order = row_order(module.weight.detach(), dequantize(q, d, m))
         if order is None:
             return "its float32 weight is not fl(d * q + m) of the GGUF's blocks"
-        return BlockLinear(module, q[order], d[order], m[order], max_rows, tensor[0], kernel)
+        return BlockLinear(module, q[order], d[order], m[order], max_rows, tensor[0], kernel, prefill_kernel, switch)
     except ValueError as err:
         return str(err)
 
 
-def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: str = "fma") -> dict[str, str]:
+def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: str = "fma",
+              prefill_kernel: str | None = None) -> dict[str, str]:
     """Swap `model`'s decoder linear layers and LM head for `BlockLinear` where its GGUF holds them
     in a block type of `oilbird.gguf_blocks.BLOCK_READERS`.
 
@@ -215,6 +267,8 @@ def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: 
         gguf: the tensors of the GGUF file the model was converted from.
         max_rows: `BlockLinear.max_rows`.
         kernel: `BlockLinear`'s kernel, one of `BLOCK_KERNELS`.
+        prefill_kernel: the kernel of prefills (`PrefillSwitch`), one of `BLOCK_KERNELS`; None
+            or `kernel`: the same as the steps'.
 
     Returns:
         module name -> why it kept the float32 kernel, for every such layer not swapped (empty
@@ -225,20 +279,23 @@ def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: 
     """
     if not kernels() or not kernels().q4_available():
         raise ValueError("the GEMM over GGUF blocks needs our kernels built for AVX-512")
-    if kernel == "int8":
-        require_int8()
-    if kernel == "bf16":
-        require_bf16_tiles()
+    for choice in {kernel, prefill_kernel or kernel}:
+        if choice == "int8":
+            require_int8()
+        if choice == "bf16":
+            require_bf16_tiles()
+    switch = PrefillSwitch() if prefill_kernel not in (None, kernel) else None
     kept = {}
     for i, layer in enumerate(model.model.layers):
         for name, gguf_name in GGUF_NAMES.items():
-            swapped = block_layer(layer.get_submodule(name), gguf.get(f"blk.{i}.{gguf_name}.weight"), max_rows, kernel)
+            swapped = block_layer(layer.get_submodule(name), gguf.get(f"blk.{i}.{gguf_name}.weight"), max_rows, kernel,
+                                  prefill_kernel, switch)
             if isinstance(swapped, str):
                 kept[f"model.layers.{i}.{name}"] = swapped
             else:
                 layer.set_submodule(name, swapped)
     head = gguf.get("output.weight") or gguf.get("token_embd.weight")
-    swapped = block_layer(model.get_output_embeddings(), head, max_rows, kernel)
+    swapped = block_layer(model.get_output_embeddings(), head, max_rows, kernel, prefill_kernel, switch)
     if isinstance(swapped, str):
         kept["lm_head"] = swapped
     else:

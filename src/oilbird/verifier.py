@@ -4,6 +4,7 @@ Contract:
 - `prefill(prompt_ids)` caches the KV of every prompt token but the last; the last prompt token
   becomes the anchor. The prefill therefore commits nothing, and every later forward is a
   verification forward rooted at the anchor (so PLD can draft from the prompt on the first step).
+  Prefills run the model's prefill kernel where it has one (`ForwardConfig.prefill_kernel`).
 - `verify(state, tree)` runs one forward over the tree's N nodes against the cache with a 4-D
   additive mask and `position_ids = P + depth`, walks greedily from the root (a child is accepted
   when its token equals the argmax at its parent), appends the bonus token (the argmax at the last
@@ -17,7 +18,6 @@ Contract:
 - With a `FlyConfig` (opt-in, lossy) the walk is FLy's loose rule (`oilbird.fly`) instead: a
   mismatching draft token may be committed where the target was unsure and the draft agrees again
   right after; such nodes are listed in `Verification.forgiven`.
-
 - With a `Sampler` at temperature > 0 the walk is rejection sampling over the tree
   (oilbird/sampling.py, docs/SAMPLING.md): the committed tokens are distributed exactly as
   token-by-token sampling of the target.
@@ -30,12 +30,14 @@ logits nearly tie, which is why the harness audits outputs against an independen
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from oilbird.errors import ModelError
 from oilbird.fly import FlyConfig, entropy, fly_walk
+from oilbird.gguf_weights import prefill_switch
 from oilbird.kernels import harvest_head
 from oilbird.kv_cache import TreeCache, compact_cache, new_cache
 from oilbird.lm_head import CertifiedHead, greedy_head, top_k_and_argmax
@@ -175,6 +177,7 @@ class TreeVerifier:
         self.cache_dtype = torch.float32 if skinny and self.dtype == torch.bfloat16 else None
         self._harvest = None  # the prefill harvest's LM head, built on first use
         self._head = None  # greedy verification's CertifiedHead, built on first use
+        self._prefilling = getattr(prefill_switch(model), "prefilling", nullcontext)  # the prefill kernel, if any
         # FLy's rule reads whole distributions: its forwards keep the model's head.
         self.head_kind = "model" if fly is not None else greedy_head(model, self.config.head)
         """Which LM head greedy forwards run: 'certified' or 'model'."""
@@ -186,9 +189,8 @@ class TreeVerifier:
         try:
             return out.hidden_states[layer][0]
         except IndexError:
-            raise ModelError(f"hidden layer {layer} is out of range: the model exposes "
-                             f"{len(out.hidden_states)} hidden states (0 = input embeddings, "
-                             "-1 = after the final norm)") from None
+            raise ModelError(f"hidden layer {layer} is out of range: the model exposes {len(out.hidden_states)} "
+                             "hidden states (0 = input embeddings, -1 = after the final norm)") from None
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], past: CachedPrefix | None = None) -> KVState:
@@ -208,7 +210,8 @@ class TreeVerifier:
         if done < len(prompt_ids) - 1:
             ids = torch.tensor([prompt_ids[done:-1]], device=self.device)  # [1, P - done]
             # The decoder alone: the prefill commits nothing, so it needs no logits at all.
-            self.model.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=True)
+            with self._prefilling():
+                self.model.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=True)
         return KVState(cache=cache, length=len(prompt_ids) - 1, anchor=int(prompt_ids[-1]))
 
     def _start(self, prompt_ids: list[int], past: CachedPrefix | None):
@@ -246,8 +249,9 @@ class TreeVerifier:
                            else PrefillObservation([], torch.zeros((0, k), dtype=torch.long), torch.zeros((0, k))))
             return KVState(cache=cache, length=done, anchor=anchor), observation
         ids = torch.tensor([prefix[done:]], device=self.device)  # [1, P - done]
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                         output_hidden_states=True)
+        with self._prefilling():
+            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                             output_hidden_states=True)
         final = out.hidden_states[-1][0]  # [P - done, hidden], after the final norm
         head = self._harvest_head()
         n = final.shape[0]

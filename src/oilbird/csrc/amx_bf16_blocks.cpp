@@ -288,14 +288,23 @@ void gemm_wide(const Split& s, const uint8_t* wp, float* y, int64_t N, const flo
   });
 }
 
+// Rows in slabs of kSlab: a slab's parts, sums and outputs stay in the cores' L2 while its blocks
+// go by (a 512-row prefill's parts and outputs alone are 5 MB for SmolLM2's MLP; in one piece
+// its rows took 1.3x as long each as in slabs: docs/RESULTS.md, issue 15, stop 50). A row's
+// bits do not depend on its slab: the paths give every row the same operations.
+constexpr int64_t kSlab = 64;
+
 template <typename L>
 void bf16_gemm(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias,
                int center) {
-  const Split s = split_rows(x, M, K, L::kInputs);
-  if (M <= 16)
-    gemm_narrow<L>(s, wp, y, N, bias, center);
-  else
-    gemm_wide<L>(s, wp, y, N, bias, center);
+  for (int64_t m0 = 0; m0 < M; m0 += kSlab) {
+    const int64_t rows = std::min(kSlab, M - m0);
+    const Split s = split_rows(x + m0 * K, rows, K, L::kInputs);
+    if (rows <= 16)
+      gemm_narrow<L>(s, wp, y + m0 * N, N, bias, center);
+    else
+      gemm_wide<L>(s, wp, y + m0 * N, N, bias, center);
+  }
 }
 
 #endif  // OILBIRD_AMX_BF16
