@@ -100,7 +100,7 @@ def test_an_amx_kernel_without_amx_is_refused_saying_what_to_use(monkeypatch, ke
 @needs_tiles
 def test_prefills_run_the_prefill_kernel_and_every_other_forward_the_steps(smol):
     mixed = smol.tree_model(ForwardConfig(prefill_kernel="bf16"))
-    tiles, fma = smol.tree_model(ForwardConfig(block_kernel="bf16")), smol.tree_model(ForwardConfig())
+    tiles, fma = smol.tree_model(ForwardConfig(block_kernel="bf16")), smol.tree_model(ForwardConfig(prefill_kernel="same"))
     assert describe_kernels(mixed).startswith("skinny+q4_1,q8_0<=8192+prefill:bf16+fused/")
     assert gguf_weights.prefill_switch(fma) is None  # no prefill kernel: nothing to switch
     switch = gguf_weights.prefill_switch(mixed)
@@ -112,13 +112,16 @@ def test_prefills_run_the_prefill_kernel_and_every_other_forward_the_steps(smol)
         assert torch.equal(mixed(input_ids=ids).logits, fma(input_ids=ids).logits)
     with pytest.raises(ValueError, match="prefill_kernel"):
         ForwardConfig(prefill_kernel="amx")
+    auto = smol.tree_model(ForwardConfig())  # 'auto': the bfloat16 tiles for prefills where they run
+    assert describe_kernels(auto) == describe_kernels(mixed)
+    assert describe_kernels(smol.tree_model(ForwardConfig(block_kernel="bf16", prefill_kernel="auto"))) == describe_kernels(tiles)
 
 
 @needs_tiles
 @pytest.mark.parametrize("method", ["pld", "oilbird"])
 def test_speculation_after_a_prefill_on_another_kernel_equals_greedy_decoding(smol, api_bank_prompts, method):
     verifier = TreeVerifier(smol.tree_model(ForwardConfig(prefill_kernel="bf16")), smol.stop_ids)
-    plain = TreeVerifier(smol.tree_model(ForwardConfig()), smol.stop_ids)
+    plain = TreeVerifier(smol.tree_model(ForwardConfig(prefill_kernel="same")), smol.stop_ids)
     greedy, drafter = make_drafter("ar"), make_drafter(method)
     for i, ids in enumerate(api_bank_prompts[:3]):
         config = DecodeConfig(max_new_tokens=32)

@@ -104,7 +104,7 @@ def test_a_block_layer_on_an_amx_kernel_keeps_its_weight_and_names_its_kernel(ke
 
 @needs_amx
 def test_smollm2_on_the_int8_kernel_gives_a_longer_forwards_rows_the_shorter_ones_bits(smol):
-    int8 = smol.tree_model(ForwardConfig(block_kernel="int8"))
+    int8 = smol.tree_model(ForwardConfig(block_kernel="int8", prefill_kernel="same"))
     fma = smol.tree_model(ForwardConfig())
     assert describe_kernels(int8).startswith("skinny+q4_1,q8_0<=8192:int8+fused/")
     ids = torch.tensor([smol.encode_text("def fibonacci(n):\n    \"\"\"Return the n-th number." * 3)])

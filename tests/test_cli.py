@@ -9,9 +9,11 @@ import pytest
 from oilbird.cli import main
 from oilbird.skinny_gemm import kernels as compiled_kernels, skinny_available
 
-# what 'auto' picks for SmolLM2: our kernels, reading its GGUF's 4-bit blocks where they build for AVX-512, norms and MLPs fused
-FAST = ((f"skinny{'+q4_1,q8_0<=8192' if compiled_kernels().q4_available() else ''}+fused/oilbird_skinny") if skinny_available()[0]
-        else "onednn/oilbird_tree")
+# what 'auto' picks for SmolLM2: our kernels, reading its GGUF's 4-bit blocks where they build for AVX-512 (prefills on
+# the AMX bfloat16 tiles where the CPU has them), norms and MLPs fused
+Q4 = skinny_available()[0] and compiled_kernels().q4_available()
+BLOCKS = "+q4_1,q8_0<=8192" + ("+prefill:bf16" if compiled_kernels().amx_bf16_available() else "") if Q4 else ""
+FAST = f"skinny{BLOCKS}+fused/oilbird_skinny" if skinny_available()[0] else "onednn/oilbird_tree"
 
 
 def run_cli(capsys, *argv):

@@ -27,6 +27,11 @@ is the input exactly and multiplies them by q - c on AMX bfloat16 tiles, one flo
 group. The last two give other last bits than the float32 kernel's (another rounding, like
 oneDNN's), but the same bits for a row at any row count, so a tree forward still gives each node
 a one-token step's bits.
+
+Prefills may run another of them (`ForwardConfig.prefill_kernel`): a model's block layers share a
+`PrefillSwitch` that the verifier turns on around its prefills. A prefill computes only the
+prompt's positions, which every method (and `ar`) prefills alike, while steps and tree forwards
+keep the step's kernel: speculation stays token-identical to greedy decoding on the same kernels.
 """
 
 from __future__ import annotations

@@ -88,8 +88,8 @@ class ForwardConfig:
     """The most rows a forward reads the decoder's linear weights for as the model's GGUF file holds them, its blocks (Q4_1, Q5_0, Q4_K, Q6_K, Q8_0), instead of their float32 copy (oilbird/gguf_weights.py): the same bits from a sixth (Q4_1) to a third (the byte plane) of the bytes; larger forwards use the float32 kernel. 8192 (every forward of the presets): on two Zen 4 cores the Q4_1 blocks took 0.56x the float32 time at one row, 0.75x at 16, level at 64-128 rows and 0.97x for an 800-token prefill (scripts/q4_ab.py, docs/RESULTS.md); Qwen2.5-Coder-0.5B's forwards on its blocks 0.55x at one row, 0.83x at 16 (two Xeon cores, scripts/forward_ab.py, docs/RESULTS.md, issue 15, stop 47). Float32 GGUF models on an AVX-512 CPU with gemm 'skinny'; elsewhere, and for layers stored otherwise, it changes nothing. 0: never."""
     block_kernel: str = "fma"
     """The kernel that reads the GGUF blocks (`q4_rows`): 'fma' rebuilds each float32 weight and gives the float32 kernel's bits (csrc/q4_gemm.cpp); 'int8' (CPUs with AMX and AVX512-VNNI: Intel Xeon since Sapphire Rapids) sums exact int8 parts of the inputs times q on AMX tiles or VNNI dot products (csrc/amx_blocks.cpp); 'bf16' (CPUs with AMX-BF16, the same Xeons) multiplies three exact bfloat16 parts of each input by q on AMX bfloat16 tiles (csrc/amx_bf16_blocks.cpp). 'int8' and 'bf16' give last bits of their own, the same for a row at every row count, so speculation stays token-identical to its own greedy decoding. It changes only layers `q4_rows` puts on blocks. On two Xeon cores, against 'fma': 'int8' 1.00-1.07x the time of SmolLM2's forwards of 1-64 nodes, 1.65x for a 512-token prefill (stop 48); 'bf16' 1.23x the time of SmolLM2's one-node forward, 0.85x for 16 nodes, 0.90x for the prefill: the flattest curve (t(16)/t(1) 1.69 against 2.45), but end to end Oilbird 1.01x and `ar` 0.87x its tokens/s on 'fma' (Qwen2.5-Coder-0.5B: 1.20x, 0.76x, 0.95x; Oilbird 1.01x, `ar` 0.89x; stop 49). 'fma' stays the default (scripts/forward_ab.py, docs/RESULTS.md, issue 15)."""
-    prefill_kernel: str = "same"
-    """The block kernel of prefills (the prompt's positions; `PrefillSwitch` in oilbird/gguf_weights.py): 'same' (`block_kernel`'s) or one of 'fma', 'int8', 'bf16'. Steps and tree forwards keep `block_kernel`, so speculation stays token-identical to greedy decoding on the same kernels, and every method prefills a prompt alike; a prompt position's last bits are then the prefill kernel's (a reused prefix keeps the bits it was computed with)."""
+    prefill_kernel: str = "auto"
+    """The block kernel of prefills (the prompt's positions; `PrefillSwitch` in oilbird/gguf_weights.py): 'same' (`block_kernel`'s), one of 'fma', 'int8', 'bf16', or 'auto' ('bf16' where AMX-BF16 runs, else 'same'). Steps and tree forwards keep `block_kernel`, so speculation stays token-identical to greedy decoding on the same kernels, and every method prefills a prompt alike; a prompt position's last bits are the prefill kernel's (a reused prefix keeps the bits it was computed with). On two Xeon cores 'bf16' prefilled SmolLM2's prompts of 64-1024 tokens in 0.71-0.80x 'fma''s time, and `ar`, `suffix` and Oilbird served API-Bank 1.06-1.08x faster, no output changed (scripts/forward_ab.py --b prefill_kernel=bf16; docs/RESULTS.md, issue 15, stop 50)."""
     fused: bool = True
     """RMSNorm on one kernel call and a gated MLP's gate and up projections in one GEMM (oilbird/fused_layers.py), where the linear layers run our float32 kernels: the same model in fewer PyTorch calls (a one-token SmolLM2 forward makes ~1,300). The MLP's outputs are bit-identical; the norm's mean of squares is summed in float64, so its outputs differ from transformers' by an ulp now and then. False: transformers' own modules."""
     attention: str = "auto"
@@ -106,8 +106,9 @@ class ForwardConfig:
             raise ValueError(f"q4_rows must be >= 0 (0: never), got {self.q4_rows}")
         if self.block_kernel not in BLOCK_KERNELS:
             raise ValueError(f"block_kernel must be one of {', '.join(BLOCK_KERNELS)}, got {self.block_kernel!r}")
-        if self.prefill_kernel not in ("same", *BLOCK_KERNELS):
-            raise ValueError(f"prefill_kernel must be 'same' or one of {', '.join(BLOCK_KERNELS)}, got {self.prefill_kernel!r}")
+        if self.prefill_kernel not in ("same", "auto", *BLOCK_KERNELS):
+            raise ValueError(f"prefill_kernel must be 'same', 'auto' or one of {', '.join(BLOCK_KERNELS)}, "
+                             f"got {self.prefill_kernel!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
 
@@ -218,6 +219,13 @@ def describe_kernels(model: torch.nn.Module) -> str:
     return f"{gemm}/{model.config._attn_implementation}"
 
 
+def prefill_kernel(config: ForwardConfig) -> str | None:
+    """The block kernel `config` runs prefills on, or None for its `block_kernel`."""
+    if config.prefill_kernel == "auto":
+        return "bf16" if kernels().amx_bf16_available() else None
+    return None if config.prefill_kernel in ("same", config.block_kernel) else config.prefill_kernel
+
+
 def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
                gguf: GGUFTensors | None = None) -> torch.nn.Module:
     """A copy of `model` that shares its weights and runs the kernels `config` picks.
@@ -254,8 +262,7 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
                 fast.set_submodule(name, layer(module))
     if config.q4_rows and gguf and layer is SkinnyLinear and kernels().q4_available():
         try:
-            prefill = None if config.prefill_kernel == "same" else config.prefill_kernel
-            q4_layers(fast, gguf, config.q4_rows, config.block_kernel, prefill)  # other layers keep the float32 kernel
+            q4_layers(fast, gguf, config.q4_rows, config.block_kernel, prefill_kernel(config))  # other layers: float32
         except ValueError as err:  # 'int8' or 'bf16' where the CPU or OS lacks AMX: say so, do not fall back silently
             raise KernelChoiceError(str(err)) from err
     if config.fused and layer is SkinnyLinear:
