@@ -76,3 +76,22 @@ def test_a_damaged_records_file_is_a_clear_error(tmp_path):
     (tmp_path / "records.jsonl").write_text(good + '\n{"method": "ar"}\n')
     with pytest.raises(DatasetError, match=r"records.jsonl:2 is not a benchmark record \(missing request_id"):
         report(tmp_path)
+
+
+def test_report_sets_the_method_under_test_against_every_other(tmp_path):
+    import pytest
+
+    from oilbird.errors import DatasetError
+    from oilbird.tables import report
+
+    walls = {"ar": 1.0, "pld": 0.5, "sam": 0.25}  # tokens/s 10, 20, 40 on every request
+    lines = [json.dumps(dict(method=m, request_id=f"r{i}", category=None, new_tokens=10, forwards=5, wall_s=w,
+                             audit=dict(lossless=True)))
+             for i in range(3) for m, w in walls.items()]
+    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n")
+    assert "sam / pld 2.00 (2.00–2.00)" in report(tmp_path)  # the last method; `ar` is in the speedup column
+    table = report(tmp_path, under_test="pld")
+    assert "pld / sam 0.50 (0.50–0.50)" in table and "sam / pld" not in table
+    assert table.index("| sam |") < table.index("| pld |")  # its row goes last
+    with pytest.raises(DatasetError, match="no records of 'goose'"):
+        report(tmp_path, under_test="goose")

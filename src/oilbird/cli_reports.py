@@ -18,7 +18,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.first is not None and args.first < 1:
         raise ConfigError(f"--first must be a positive integer, got {args.first}")
     print(report(Path(args.run_dir), by_category=args.by_category, first=args.first,
-                 method=args.method))
+                 method=args.method, under_test=args.under_test))
     return 0
 
 
@@ -93,6 +93,9 @@ def add_report_parsers(sub) -> None:
     rep.add_argument("--by-category", action="store_true", help="one table per request category")
     rep.add_argument("--first", type=int, default=None, help="only the first N requests served")
     rep.add_argument("--method", default=None, help="with --by-category: one compact table for this method")
+    rep.add_argument("--under-test", default=None,
+                     help="set this method's tokens/s against every other's, with paired intervals (default: "
+                          "the run's last method)")
     rep.set_defaults(func=cmd_report)
 
     tab = sub.add_parser("table", help="one comparison table (and plot) across benchmark runs")

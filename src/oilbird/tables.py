@@ -258,7 +258,7 @@ def _category_table(records: list[dict], methods: list[str], groups: list[str], 
 
 
 def report(run_dir: Path, by_category: bool = False, first: int | None = None,
-           method: str | None = None) -> str:
+           method: str | None = None, under_test: str | None = None) -> str:
     """Markdown tables re-made from a run's records.jsonl (all requests, or one per category).
 
     Args:
@@ -266,9 +266,11 @@ def report(run_dir: Path, by_category: bool = False, first: int | None = None,
         by_category: one table per request category.
         first: keep only the first N requests served (the records are in serving order).
         method: with `by_category`, one compact table: a row per category for that method.
+        under_test: the method whose tokens/s the table sets against every other's, with paired
+            intervals (its row goes last, as the last of `--methods` does in the run's own table).
 
     Raises:
-        DatasetError: if the run directory holds no records, or lacks `method`.
+        DatasetError: if the run directory holds no records, or lacks `method` or `under_test`.
     """
     records = read_records(run_dir)
     if first is not None:
@@ -276,6 +278,10 @@ def report(run_dir: Path, by_category: bool = False, first: int | None = None,
         records = [r for r in records if r["request_id"] in keep]
     config = saved_config(run_dir)
     methods = list(dict.fromkeys(r["method"] for r in records))
+    if under_test is not None:
+        if under_test not in methods:
+            raise DatasetError(f"{run_dir} has no records of {under_test!r}; its methods: {', '.join(methods)}")
+        methods = [m for m in methods if m != under_test] + [under_test]
     groups = sorted({r["category"] or "" for r in records}) if by_category else [None]
     if by_category and method:
         return _category_table(records, methods, groups, method)
