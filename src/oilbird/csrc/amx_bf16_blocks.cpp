@@ -289,9 +289,9 @@ void gemm_wide(const Split& s, const uint8_t* wp, float* y, int64_t N, const flo
 }
 
 // Rows in slabs of kSlab: a slab's parts, sums and outputs stay in the cores' L2 while its blocks
-// go by (a 512-row prefill's parts and outputs alone are 5 MB for SmolLM2's MLP; in one piece
-// its rows took 1.3x as long each as in slabs: docs/RESULTS.md, issue 15, stop 50). A row's
-// bits do not depend on its slab: the paths give every row the same operations.
+// go by (a 512-row prefill's parts and outputs alone are 5 MB for SmolLM2's MLP; in slabs its
+// rows ran a few percent faster each, in a scratch A/B of this stop, 50). A row's bits do not
+// depend on its slab: the paths give every row the same operations.
 constexpr int64_t kSlab = 64;
 
 template <typename L>
