@@ -130,3 +130,27 @@ def test_speculation_after_a_prefill_on_another_kernel_equals_greedy_decoding(sm
         assert got.output_ids == want.output_ids, i
         # the same model: its prompt's last bits are another kernel's, its answer the same here
         assert decode(plain, greedy, ids, config, max_context=smol.max_context).output_ids == want.output_ids, i
+
+
+@needs_tiles
+def test_a_prompt_that_holds_an_earlier_answer_is_prefilled_alike_by_every_method(smol, api_bank_prompts):
+    from oilbird.prefix_cache import PrefixCache
+
+    verifier = TreeVerifier(smol.tree_model(ForwardConfig(prefill_kernel="bf16")), smol.stop_ids)
+    assert verifier.prefills_apart and not TreeVerifier(smol.tree_model(ForwardConfig(prefill_kernel="same")),
+                                                        smol.stop_ids).prefills_apart
+    follow_up = smol.encode_text(" Thanks. And the next one?")
+    outputs, reused = {}, {}
+    for method in ("ar", "oilbird"):  # Oilbird harvests its prefills and reuses only observed rows
+        drafter, cache, outs = make_drafter(method), PrefixCache(), []
+        prompt = api_bank_prompts[0]
+        for turn in range(2):  # the second prompt: the first, its answer, a follow-up
+            result = decode(verifier, drafter, prompt, DecodeConfig(max_new_tokens=24), max_context=smol.max_context,
+                            request_id=f"{method}{turn}", prefix_cache=cache)
+            outs.append(result.output_ids)
+            reused[method] = result.prefix_reused
+            prompt = prompt + result.output_ids + follow_up
+        outputs[method] = outs
+    assert outputs["ar"] == outputs["oilbird"]
+    # both reused the first prompt's prefilled rows, neither the answer's decoded ones
+    assert reused["ar"] == reused["oilbird"] == len(api_bank_prompts[0]) - 1

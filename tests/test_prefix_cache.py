@@ -91,3 +91,19 @@ def test_decoding_with_a_prefix_cache_equals_decoding_without(smol, verifier, ap
     assert [o for o, _ in outputs[True]] == [o for o, _ in outputs[False]]
     assert [r for _, r in outputs[False]] == [0, 0, 0]
     assert outputs[True][0][1] == 0 and outputs[True][1][1] > 500 and outputs[True][2][1] > 500
+
+
+def test_where_prefills_run_apart_only_prefilled_rows_are_reused(verifier, api_bank_prompts):
+    # A request's KV rows past its prompt come from decoding's forwards; with a prefill kernel of
+    # its own (ForwardConfig.prefill_kernel) a later prompt re-prefills them, so that every method
+    # gives a prompt position a prefill's bits whatever its own cache held.
+    cache = PrefixCache(PrefixCacheConfig(min_match=4))
+    prompt = api_bank_prompts[0]
+    state = verifier.prefill(prompt)  # the KV of prompt[:-1]; pretend decoding added none
+    grown = prompt + [11, 12, 13]  # the next prompt: the last one, its answer, more
+    cache.store("t", prompt, state, prefilled=len(prompt) - 5)  # the prefill computed all but 4 rows
+    assert cache.take("t", grown, prefilled_only=True).length == len(prompt) - 5
+    cache.store("t", prompt, state, prefilled=len(prompt) - 5)
+    assert cache.take("t", grown).length == len(prompt) - 1  # otherwise every held row
+    cache.store("t", prompt, state)  # prefilled: None = all of them
+    assert cache.take("t", grown, prefilled_only=True).length == len(prompt) - 1

@@ -203,7 +203,7 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
                 break
         result.drafter_stats = drafter.request_stats(request_id)
         if prefix_cache is not None:
-            prefix_cache.store(tenant, prompt_ids + out, state, observation)
+            prefix_cache.store(tenant, prompt_ids + out, state, observation, prefilled=len(prompt_ids) - 1)
     finally:
         drafter.stop_request(request_id)
     result.wall_s = time.perf_counter() - start
@@ -227,7 +227,8 @@ def _prefill(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int], re
              prefix_cache: PrefixCache | None, result: RequestResult):
     """The request's prefill (from the tenant's cached prefix where one matches), and the
     drafter's harvest of it when it wants one. Returns (KV state, observation or None)."""
-    past = prefix_cache.take(tenant, prompt_ids, drafter.needs_prefill) if prefix_cache is not None else None
+    past = (prefix_cache.take(tenant, prompt_ids, drafter.needs_prefill, prefilled_only=verifier.prefills_apart)
+            if prefix_cache is not None else None)
     result.prefix_reused = past.length if past is not None else 0
     if not drafter.needs_prefill:
         return verifier.prefill(prompt_ids, past), None

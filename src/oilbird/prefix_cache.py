@@ -40,6 +40,7 @@ class _Entry:
     tokens: list[int]  # the tokens whose KV rows the cache holds, in order
     cache: object  # a TreeCache
     observation: PrefillObservation | None
+    prefilled: int  # how many leading rows a prefill computed (the rest: decoding's forwards)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -64,7 +65,8 @@ class PrefixCache:
         self.reused_tokens = 0
         """Prompt tokens not prefilled because a cached prefix held them (summed over requests)."""
 
-    def take(self, tenant: str, prompt_ids: list[int], observed: bool = False) -> CachedPrefix | None:
+    def take(self, tenant: str, prompt_ids: list[int], observed: bool = False,
+             prefilled_only: bool = False) -> CachedPrefix | None:
         """The tenant's cached prefix of `prompt_ids`, removed from the cache (the request
         prefills into it and returns it with `store`); None when less than `min_match` tokens match.
 
@@ -73,6 +75,9 @@ class PrefixCache:
             prompt_ids: the new request's prompt.
             observed: the drafter harvests the prefill: reuse only positions whose observation
                 is held.
+            prefilled_only: reuse only rows a prefill computed, not those of the earlier request's
+                output: where prefills run another kernel than decoding (`TreeVerifier.prefills_apart`),
+                a prompt position then has a prefill's bits whatever the methods' caches held.
         """
         entry = self.entries.get(tenant)
         if not self.config.enabled or entry is None:
@@ -80,6 +85,8 @@ class PrefixCache:
         limit = len(prompt_ids) - 1  # the anchor is never cached
         if observed:
             limit = min(limit, len(entry.observation.tokens) if entry.observation is not None else 0)
+        if prefilled_only:
+            limit = min(limit, entry.prefilled)
         length = common_prefix(entry.tokens[:limit], prompt_ids[:limit])
         if length < self.config.min_match:
             return None
@@ -88,7 +95,7 @@ class PrefixCache:
         return CachedPrefix(entry.cache, length, entry.observation if observed else None)
 
     def store(self, tenant: str, sequence: list[int], state: KVState,
-              observation: PrefillObservation | None = None) -> None:
+              observation: PrefillObservation | None = None, prefilled: int | None = None) -> None:
         """Keep a finished request's cache as the tenant's entry.
 
         Args:
@@ -96,9 +103,12 @@ class PrefixCache:
             sequence: the request's committed tokens (prompt, then output).
             state: its KV state: the cache holds the KV of `sequence[:state.length]`.
             observation: its prefill observation, if the drafter harvested one.
+            prefilled: how many leading rows its prefill computed (the prompt but its anchor);
+                None: all of them.
         """
         if self.config.enabled:
-            self.entries[tenant] = _Entry(list(sequence[: state.length]), state.cache, observation)
+            rows = state.length if prefilled is None else min(prefilled, state.length)
+            self.entries[tenant] = _Entry(list(sequence[: state.length]), state.cache, observation, rows)
 
     def drop_tenant(self, tenant: str) -> None:
         """Forget a tenant's cached prefix."""

@@ -177,7 +177,8 @@ class TreeVerifier:
         self.cache_dtype = torch.float32 if skinny and self.dtype == torch.bfloat16 else None
         self._harvest = None  # the prefill harvest's LM head, built on first use
         self._head = None  # greedy verification's CertifiedHead, built on first use
-        self._prefilling = getattr(prefill_switch(model), "prefilling", nullcontext)  # the prefill kernel, if any
+        switch = prefill_switch(model)  # prefills on another block kernel (ForwardConfig.prefill_kernel), or None
+        self._prefilling, self.prefills_apart = (switch.prefilling, True) if switch else (nullcontext, False)
         # FLy's rule reads whole distributions: its forwards keep the model's head.
         self.head_kind = "model" if fly is not None else greedy_head(model, self.config.head)
         """Which LM head greedy forwards run: 'certified' or 'model'."""
@@ -317,7 +318,6 @@ class TreeVerifier:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
-
         preds = argmax.tolist()
         path, forgiven, bonus, dist = self._walk(tree, logits, preds, sampler if sampling else None)
         committed = [tree.tokens[c] for c in path]
