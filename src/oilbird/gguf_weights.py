@@ -133,7 +133,8 @@ class BlockLinear(torch.nn.Module):
         if not torch.equal(dequantize(q, d, m), dense.weight.detach()):
             raise ValueError("the GGUF blocks do not rebuild this layer's float32 weight bit for bit")
         self.max_rows = max_rows
-        self.bits = 8 if plane else 5 if int(q.max()) > 15 else 4
+        q_max = int(q.max())  # one pass over the layer's q: the bit width and the kernels' checks read it
+        self.bits = 8 if plane else 5 if q_max > 15 else 4
         # [N/16, K/32, 320 or 384] bytes (4- or 5-bit), or [N/16, K/16, 384] (the byte plane)
         packed = kernels().pack_q8(q, d, m) if plane else kernels().pack_q4(q, d, m, self.bits)
         self.register_buffer("packed_q4", packed, persistent=False)
@@ -142,12 +143,12 @@ class BlockLinear(torch.nn.Module):
         self._max_elements = max_rows * self.in_features
         # q's offset the 'int8' kernel takes off (its own for 4 and 5 bits: 8 and 16)
         self.center = int8_center(q, d, m) if plane else 16 if self.bits == 5 else 8
-        self.kernel_name, self.kernel = kernel, _kernel_call(kernel, plane, self.center, int(q.max()))
+        self.kernel_name, self.kernel = kernel, _kernel_call(kernel, plane, self.center, q_max)
         self.prefill_kernel_name, self.switch = kernel, switch
         self._prefill = self.kernel
         if switch is not None and prefill_kernel not in (None, kernel):
             self.prefill_kernel_name = prefill_kernel
-            self._prefill = _kernel_call(prefill_kernel, plane, self.center, int(q.max()))
+            self._prefill = _kernel_call(prefill_kernel, plane, self.center, q_max)
         self._bias = dense.packed_bias  # [out] float32 or None (out is a multiple of 16: no padding)
 
     def run(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
