@@ -23,7 +23,7 @@
 // TDPBF16PS reads), looked up in small tables for nibbles, converted for bytes.
 //
 // Paths: up to 16 rows one row tile and two blocks at a time; more rows (prefills, large trees)
-// two row tiles by two blocks, each B tile made once per 32 rows. What it bought, on two Xeon
+// two row tiles by two blocks, each B tile made once per slab of 64 rows. What it bought, on two Xeon
 // cores (docs/RESULTS.md, issue 15, stop 49): 0.54x the FMA kernel's time for a Q4_1 layer at 16
 // rows but 1.56x at one row, where making the B tiles (three vpermd-class shuffles per 32 weights)
 // and the tile multiplies (one per part, whatever the row count) do not overlap; SmolLM2's
@@ -60,14 +60,24 @@ namespace ob = oilbird::blocks;
 using ob::made_bytes;
 using ob::PairRows;
 
-// Each row's inputs as three bfloat16 parts [kParts][rows][K] and each group's input sum
-// [rows][groups]; `rows` is M rounded up to 16 when M > 16 (the padding zeros: a zero row changes
-// no other row's sums).
+// Each row's inputs as three bfloat16 parts and each group's input sum [rows][groups]; `rows` is M
+// rounded up to 16 when M > 16 (the padding zeros: a zero row changes no other row's sums). The
+// parts are stored tile by tile, [part][row tile][group][16 rows][G], so each A tile a multiply
+// reads is one contiguous run of 16 x G values (row-major, a tile's 16 rows lay 2K bytes apart: in
+// a standalone build of the wide path that ran 1.19x the time, stop 51).
 struct Split {
-  std::vector<uint16_t> parts;
+  std::vector<uint16_t> parts;  // with 32 values of slack: the tiles start at `base`, on a cache line
   std::vector<float> sums;
-  int64_t M, rows, K, groups;
-  const uint16_t* part(int p, int64_t m, int64_t k) const { return parts.data() + (p * rows + m) * K + k; }
+  int64_t M, rows, K, groups, G;
+  uint16_t* base() {  // a tile row split over two cache lines costs two loads
+    return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(parts.data()) + 63) & ~uintptr_t{63});
+  }
+  uint16_t* at(int p, int64_t m, int64_t k) {
+    return base() + ((p * tiles() + m / 16) * groups + k / G) * (16 * G) + (m % 16) * G + k % G;
+  }
+  // The A tile of part p for rows m.. (m a multiple of 16) and the group holding input k: rows 2G bytes apart.
+  const uint16_t* part(int p, int64_t m, int64_t k) const { return const_cast<Split*>(this)->at(p, m, k); }
+  int64_t tiles() const { return (rows + 15) / 16; }
   float sum(int64_t m, int64_t g) const { return sums[m * groups + g]; }
 };
 
@@ -79,7 +89,8 @@ inline __m512 widen(__m256bh h) {  // bfloat16 -> float32, exact
 // with round-to-nearest each part takes 8 of x's 24 significant bits, so x1 + x2 + x3 == x.
 Split split_rows(const float* x, int64_t M, int64_t K, int64_t G) {
   const int64_t rows = M > 16 ? (M + 15) / 16 * 16 : M;
-  Split s{std::vector<uint16_t>(kParts * rows * K), std::vector<float>(rows * (K / G)), M, rows, K, K / G};
+  Split s{std::vector<uint16_t>(kParts * (rows + 15) / 16 * 16 * K + 32), std::vector<float>(rows * (K / G)), M, rows, K,
+          K / G, G};
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t g = 0; g < s.groups; ++g) {
@@ -91,9 +102,9 @@ Split split_rows(const float* x, int64_t M, int64_t K, int64_t G) {
           const __m512 r1 = _mm512_sub_ps(v, widen(p1));
           const __m256bh p2 = _mm512_cvtneps_pbh(r1);
           const __m256bh p3 = _mm512_cvtneps_pbh(_mm512_sub_ps(r1, widen(p2)));
-          std::memcpy(s.parts.data() + (0 * rows + m) * K + k, &p1, 32);
-          std::memcpy(s.parts.data() + (1 * rows + m) * K + k, &p2, 32);
-          std::memcpy(s.parts.data() + (2 * rows + m) * K + k, &p3, 32);
+          std::memcpy(s.at(0, m, k), &p1, 32);
+          std::memcpy(s.at(1, m, k), &p2, 32);
+          std::memcpy(s.at(2, m, k), &p3, 32);
         }
         s.sums[m * s.groups + g] = _mm512_reduce_add_ps(total);
       }
@@ -139,7 +150,7 @@ void configure_narrow(int64_t M, int64_t G) {
 // the parts in order, largest first, into one float32 sum per block, the blocks interleaved.
 template <bool kTwo>
 inline void multiply_narrow(const Split& s, int64_t k, const uint8_t* b0, const uint8_t* b1) {
-  const int64_t stride = 2 * s.K;
+  const int64_t stride = 2 * s.G;  // a tile's rows, contiguous
   _tile_zero(0);
   _tile_loadd(4, b0, 64);
   if constexpr (kTwo) {
@@ -204,6 +215,12 @@ void gemm_narrow(const Split& s, const uint8_t* wp, float* y, int64_t N, const f
   });
 }
 
+// Rows in slabs of kSlab: a slab's parts, sums and outputs stay in the cores' L2 while its blocks
+// go by (a 512-row prefill's parts and outputs alone are 5 MB for SmolLM2's MLP; in slabs its
+// rows ran a few percent faster each, in a scratch A/B of this stop, 50). A row's bits do not
+// depend on its slab: the paths give every row the same operations.
+constexpr int64_t kSlab = 64;
+
 // ---- More rows (prefills): two row tiles by two blocks, each tile loaded once for two multiplies ----
 
 // tmm0-3: sums [16, 16] float32 of (row tile, block) (0, 0), (0, 1), (1, 0), (1, 1); tmm4-5: one
@@ -221,7 +238,7 @@ void configure_wide(int64_t G) {
 // intrinsics paste their register numbers into the assembly: literals only.)
 inline void multiply_wide(const Split& s, int64_t m0, int64_t k, const uint8_t* b0, const uint8_t* b1, bool rows2,
                           bool blocks2) {
-  const int64_t stride = 2 * s.K;
+  const int64_t stride = 2 * s.G;  // a tile's rows, contiguous
   _tile_loadd(6, b0, 64);
   if (blocks2) _tile_loadd(7, b1, 64);
   _tile_zero(0);
@@ -238,61 +255,63 @@ inline void multiply_wide(const Split& s, int64_t m0, int64_t k, const uint8_t* 
   }
 }
 
-// Rows m0..m0+31 (or m0..m0+15) of blocks b, b + 1 (or b): per group the blocks' B tiles made into
-// `slots` (by group parity), the multiplies, then the previous group's finish while they run.
+// Every row of the slab (up to kSlab) for blocks b, b + 1 (or b). A batch is one group's
+// multiplies for 32 rows (two row tiles) by the two blocks. Each group's B tiles are made once
+// for the whole slab, while the group before's multiplies run, and each batch's sums are
+// finished while the next batch's multiplies run, so the vector work (making, finishing) and the
+// tile multiplies overlap. Slots are a ring of kRing per block: the group being made, the one
+// multiplied and the one finished are never the same.
 template <typename L>
-void wide_tiles(const Split& s, const uint8_t* wp, float* y, int64_t N, int64_t b, bool blocks2, int64_t m0,
-                const float* bias, const PairRows<L>& pairs, int center, uint8_t* slots) {
+void wide_blocks(const Split& s, const uint8_t* wp, float* y, int64_t N, int64_t b, bool blocks2, const float* bias,
+                 const PairRows<L>& pairs, int center, uint8_t* slots) {
   constexpr int64_t G = L::kInputs, kTile = G / 2 * 64, kMade = made_bytes(G);
-  const int64_t groups = s.groups, nb = blocks2 ? 2 : 1;
-  const bool rows2 = m0 + 16 < s.rows;
-  auto slot = [&](int64_t j, int64_t g) { return slots + (2 * j + (g & 1)) * kMade; };
-  auto used = [&](int64_t t) { return (t & 1) < nb && (t < 2 || rows2); };  // tile t = row tile * 2 + block
-  alignas(64) float acc[4][16 * 16] = {}, tile_sums[2][4][16 * 16];  // [tile][row, output]; [group parity][tile]
-  for (int64_t g = 0; g <= groups; ++g) {
-    if (g < groups) {
-      for (int64_t j = 0; j < nb; ++j) ob::make_group<L>(pairs, wp + ((b + j) * groups + g) * L::kBytes, slot(j, g), center);
-      multiply_wide(s, m0, g * G, slot(0, g), slot(nb - 1, g), rows2, blocks2);
+  const int64_t groups = s.groups, nb = blocks2 ? 2 : 1, row_pairs = (s.rows + 31) / 32;
+  auto slot = [&](int64_t j, int64_t g) { return slots + (kRing * j + g % kRing) * kMade; };
+  auto make = [&](int64_t g) {
+    for (int64_t j = 0; j < nb; ++j) ob::make_group<L>(pairs, wp + ((b + j) * groups + g) * L::kBytes, slot(j, g), center);
+  };
+  auto rows2 = [&](int64_t rp) { return 32 * rp + 16 < s.rows; };
+  auto used = [&](int64_t rp, int64_t t) { return (t & 1) < nb && (t < 2 || rows2(rp)); };  // t = row tile * 2 + block
+  // acc: [row tile of the slab][block][row, output]; tile_sums: [batch parity][t][row, output]
+  alignas(64) float acc[kSlab / 16][2][16 * 16] = {}, tile_sums[2][4][16 * 16];
+  auto finish_batch = [&](int64_t i) {
+    const int64_t g = i / row_pairs, rp = i % row_pairs;
+    for (int64_t t = 0; t < 4; ++t)
+      if (used(rp, t))
+        finish(acc[2 * rp + (t >> 1)][t & 1], tile_sums[i & 1][t],
+               reinterpret_cast<const float*>(slot(t & 1, g) + kTile), s, 32 * rp + 16 * (t >> 1), 16, g);
+  };
+  make(0);
+  for (int64_t g = 0, i = 0; g < groups; ++g)
+    for (int64_t rp = 0; rp < row_pairs; ++rp, ++i) {
+      multiply_wide(s, 32 * rp, g * G, slot(0, g), slot(nb - 1, g), rows2(rp), blocks2);
+      if (rp == 0 && g + 1 < groups) make(g + 1);
+      if (i > 0) finish_batch(i - 1);
+      _tile_stored(0, tile_sums[i & 1][0], 64);
+      if (blocks2) _tile_stored(1, tile_sums[i & 1][1], 64);
+      if (rows2(rp)) _tile_stored(2, tile_sums[i & 1][2], 64);
+      if (rows2(rp) && blocks2) _tile_stored(3, tile_sums[i & 1][3], 64);
     }
-    if (g > 0)
-      for (int64_t t = 0; t < 4; ++t)
-        if (used(t))
-          finish(acc[t], tile_sums[(g - 1) & 1][t], reinterpret_cast<const float*>(slot(t & 1, g - 1) + kTile), s,
-                 m0 + 16 * (t >> 1), 16, g - 1);
-    if (g < groups) {
-      _tile_stored(0, tile_sums[g & 1][0], 64);
-      if (blocks2) _tile_stored(1, tile_sums[g & 1][1], 64);
-      if (rows2) _tile_stored(2, tile_sums[g & 1][2], 64);
-      if (rows2 && blocks2) _tile_stored(3, tile_sums[g & 1][3], 64);
-    }
-  }
-  for (int64_t t = 0; t < 4; ++t)
-    if (used(t))
-      store_rows(acc[t], y, N, m0 + 16 * (t >> 1), std::clamp<int64_t>(s.M - m0 - 16 * (t >> 1), 0, 16), b + (t & 1),
-                 bias);
+  finish_batch(groups * row_pairs - 1);
+  for (int64_t r = 0; r < s.rows / 16; ++r)
+    for (int64_t j = 0; j < nb; ++j)
+      store_rows(acc[r][j], y, N, 16 * r, std::clamp<int64_t>(s.M - 16 * r, 0, 16), b + j, bias);
 }
 
-// Each thread takes a range of block pairs and runs them 32 rows at a time, so those rows' parts
-// stay in its core's cache while it goes through its blocks (with blocks outermost every block
-// would read all rows' parts from memory again).
+// Each thread takes a range of block pairs and runs each over the slab's rows; the slab's parts
+// (kSlab rows) stay in its core's cache while its blocks go by.
 template <typename L>
 void gemm_wide(const Split& s, const uint8_t* wp, float* y, int64_t N, const float* bias, int center) {
   const PairRows<L> pairs(center);
   const int64_t blocks = N / kB;
   at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t t0, int64_t t1) {
-    alignas(64) uint8_t slots[4 * made_bytes(L::kInputs)];
+    alignas(64) uint8_t slots[2 * kRing * made_bytes(L::kInputs)];
     configure_wide(L::kInputs);
-    for (int64_t m0 = 0; m0 < s.rows; m0 += 32)
-      for (int64_t t = t0; t < t1; ++t) wide_tiles<L>(s, wp, y, N, 2 * t, 2 * t + 1 < blocks, m0, bias, pairs, center, slots);
+    for (int64_t t = t0; t < t1; ++t) wide_blocks<L>(s, wp, y, N, 2 * t, 2 * t + 1 < blocks, bias, pairs, center, slots);
     _tile_release();
   });
 }
 
-// Rows in slabs of kSlab: a slab's parts, sums and outputs stay in the cores' L2 while its blocks
-// go by (a 512-row prefill's parts and outputs alone are 5 MB for SmolLM2's MLP; in slabs its
-// rows ran a few percent faster each, in a scratch A/B of this stop, 50). A row's bits do not
-// depend on its slab: the paths give every row the same operations.
-constexpr int64_t kSlab = 64;
 
 template <typename L>
 void bf16_gemm(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias,

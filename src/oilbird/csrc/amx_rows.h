@@ -26,14 +26,20 @@ struct Rows {
   std::vector<int32_t> trail;  // [M][groups]: sum_k a2_k 2^7 + sum_k a3_k
   std::vector<float> scale;    // [M][groups]: 2^(e - 26), the weight of the combined parts' unit
   std::vector<float> sums;     // [M][groups]: sum of x over the group, in input order
-  const int8_t* part(int s, int64_t r, int64_t g) const { return parts.data() + (r * kParts + s) * K + g * G; }
+  // The parts start on a cache line (`parts` has 64 bytes of slack): a tile row split over two
+  // lines costs two loads, and a vector's allocation is only 16-byte aligned.
+  int8_t* at(int s, int64_t r, int64_t g) {
+    const auto base = (reinterpret_cast<uintptr_t>(parts.data()) + 63) & ~uintptr_t{63};
+    return reinterpret_cast<int8_t*>(base) + (r * kParts + s) * K + g * G;
+  }
+  const int8_t* part(int s, int64_t r, int64_t g) const { return const_cast<Rows*>(this)->at(s, r, g); }
 };
 
 inline Rows split_rows(const float* x, int64_t M, int64_t K, int64_t G) {
   // rows padded with zeros to a multiple of 16: a tile reads four rows' parts at a time, the wide
   // path 16 rows at a time (a padded row's sums are zeros, never stored)
   const int64_t groups = K / G, padded = (M + 15) / 16 * 16, n = padded * groups;
-  Rows rows{M, K, G, groups, std::vector<int8_t>(kParts * padded * K), std::vector<int32_t>(n), std::vector<int32_t>(n),
+  Rows rows{M, K, G, groups, std::vector<int8_t>(kParts * padded * K + 64), std::vector<int32_t>(n), std::vector<int32_t>(n),
             std::vector<float>(n), std::vector<float>(n)};
   const __m512 step = _mm512_set1_ps(128.0f);
   constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -62,7 +68,7 @@ inline Rows split_rows(const float* x, int64_t M, int64_t K, int64_t G) {
           const __m512 a = _mm512_roundscale_ps(t, kNearest);  // in [-64, 64]
           const __m512i ai = _mm512_cvtps_epi32(a);
           count[s] = _mm512_add_epi32(count[s], ai);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(rows.parts.data() + (r * kParts + s) * K + g * G + k),
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(rows.at(s, r, g) + k),
                            _mm512_cvtepi32_epi8(ai));
           t = _mm512_mul_ps(_mm512_sub_ps(t, a), step);  // the rest, exact, in [-64, 64]
         }
