@@ -102,6 +102,7 @@ def test_prefills_run_the_prefill_kernel_and_every_other_forward_the_steps(smol)
     mixed = smol.tree_model(ForwardConfig(prefill_kernel="bf16"))
     tiles, fma = smol.tree_model(ForwardConfig(block_kernel="bf16")), smol.tree_model(ForwardConfig(prefill_kernel="same"))
     assert describe_kernels(mixed).startswith("skinny+q4_1,q8_0<=8192+prefill:bf16+fused/")
+    assert describe_kernels(mixed, prefill=False) == describe_kernels(fma)  # a cost curve prices no prefill
     assert gguf_weights.prefill_switch(fma) is None  # no prefill kernel: nothing to switch
     switch = gguf_weights.prefill_switch(mixed)
     ids = torch.tensor([smol.encode_text("def fibonacci(n):\n    \"\"\"Return the n-th number." * 4)])[:, :40]

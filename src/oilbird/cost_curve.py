@@ -169,7 +169,7 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
     import transformers
 
     threads = threads or torch.get_num_threads()
-    kernels = describe_kernels(verifier.model)
+    kernels = describe_kernels(verifier.model, prefill=False)  # the curve times no prefill
     if "skinny" in kernels:  # our kernels change with their sources and choice, not with their name
         kernels += f"@{source_key()}:{attention_kernel()}"
     options = (f"verify:top_k={verifier.config.top_k},kernels={kernels},head={verifier.head_kind},"

@@ -202,9 +202,10 @@ class PackedLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
 
 
-def describe_kernels(model: torch.nn.Module) -> str:
+def describe_kernels(model: torch.nn.Module, prefill: bool = True) -> str:
     """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' or 'skinny+q4_1,q8_0<=4+fused/oilbird_skinny'
-    ('+prefill:bf16' where prefills run another block kernel; for cost-curve keys and records)."""
+    ('+prefill:bf16' where prefills run another block kernel, unless `prefill` is False: a cost
+    curve, which prices steps and trees only, is keyed without it; for cost-curve keys and records)."""
     kinds = {type(m) for m in model.modules()}
     gemm = ("skinny" if SkinnyLinear in kinds else "skinny-bf16" if PairsLinear in kinds
             else "onednn" if PackedLinear in kinds else "default")
@@ -213,7 +214,8 @@ def describe_kernels(model: torch.nn.Module) -> str:
         types = ",".join(sorted({m.block_type.lower() for m in blocks}))
         gemm += f"+{types}<=" + ",".join(map(str, sorted({m.max_rows for m in blocks})))
         gemm += "".join(sorted({":" + m.kernel_name for m in blocks if m.kernel_name != "fma"}))  # ':int8'; 'fma' unnamed as before
-        gemm += "".join(sorted({f"+prefill:{m.prefill_kernel_name}" for m in blocks if m.switch is not None}))
+        if prefill:
+            gemm += "".join(sorted({f"+prefill:{m.prefill_kernel_name}" for m in blocks if m.switch is not None}))
     if kinds & {FusedRMSNorm, FusedMLP}:
         gemm += "+fused"
     return f"{gemm}/{model.config._attn_implementation}"
