@@ -63,8 +63,8 @@ using ob::PairRows;
 // Each row's inputs as three bfloat16 parts and each group's input sum [rows][groups]; `rows` is M
 // rounded up to 16 when M > 16 (the padding zeros: a zero row changes no other row's sums). The
 // parts are stored tile by tile, [part][row tile][group][16 rows][G], so each A tile a multiply
-// reads is one contiguous run of 16 x G values (row-major, a tile's 16 rows lay 2K bytes apart: in
-// a standalone build of the wide path that ran 1.19x the time, stop 51).
+// reads is one contiguous run of 16 x G values (row-major, a tile's 16 rows lay 2K bytes apart,
+// which ran slower; docs/RESULTS.md, issue 15, stop 51).
 struct Split {
   std::vector<uint16_t> parts;  // with 32 values of slack: the tiles start at `base`, on a cache line
   std::vector<float> sums;
