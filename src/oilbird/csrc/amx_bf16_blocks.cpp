@@ -89,7 +89,7 @@ inline __m512 widen(__m256bh h) {  // bfloat16 -> float32, exact
 // with round-to-nearest each part takes 8 of x's 24 significant bits, so x1 + x2 + x3 == x.
 Split split_rows(const float* x, int64_t M, int64_t K, int64_t G) {
   const int64_t rows = M > 16 ? (M + 15) / 16 * 16 : M;
-  Split s{std::vector<uint16_t>(kParts * (rows + 15) / 16 * 16 * K + 32), std::vector<float>(rows * (K / G)), M, rows, K,
+  Split s{std::vector<uint16_t>(kParts * ((rows + 15) / 16 * 16) * K + 32), std::vector<float>(rows * (K / G)), M, rows, K,
           K / G, G};
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
@@ -311,7 +311,6 @@ void gemm_wide(const Split& s, const uint8_t* wp, float* y, int64_t N, const flo
     _tile_release();
   });
 }
-
 
 template <typename L>
 void bf16_gemm(const float* x, const uint8_t* wp, float* y, int64_t M, int64_t K, int64_t N, const float* bias,
