@@ -111,3 +111,35 @@ def test_the_rate_objective_learns_the_long_run_rate():
     assert policy.tokens == 5.0 and abs(policy.seconds - (1.0 + curve.cost(6))) < 1e-12
     with pytest.raises(ValueError, match="objective"):
         FittedTree(curve, 64, objective="sometimes")
+
+
+def test_a_drafter_pruned_to_nothing_is_probed_and_can_earn_its_way_back():
+    # The curve makes a draft node cost a third of a step: after 40 misses in a row the fit
+    # verifies nothing of the tree. Every ninth such forward is a probe of the likeliest 3 nodes;
+    # once the traffic turns and the probes are accepted, the fit verifies the chain again.
+    curve = CostCurve({1: 1.0, 2: 1.33, 4: 2.0})
+    tree = DraftTree.root(0)
+    tree.add_chain(0, [1, 2, 3, 4], "lex", [0.9] * 4)
+    policy = FittedTree(curve, 64, explore_every=8, explore_nodes=3)
+    for _ in range(40):
+        policy.verified(64, tree.subtree([1]), [])
+    chosen = [policy.select(tree) for _ in range(18)]
+    assert chosen[:8] == [[]] * 8 and chosen[8] == [1, 2, 3]  # the ninth forward probes
+    assert chosen[9:17] == [[]] * 8 and chosen[17] == [1, 2, 3]
+    assert policy.calibration()["probes"] == 2
+    assert policy.select(DraftTree.root(0)) == []  # nothing offered: no probe, no count
+    for _ in range(60):  # the probes now succeed
+        policy.verified(64, tree.subtree([1, 2, 3]), [1, 2, 3])
+    assert policy.select(tree) == [1, 2, 3, 4]
+
+
+def test_without_exploration_the_fit_stays_locked_out():
+    curve = CostCurve({1: 1.0, 2: 1.33, 4: 2.0})
+    tree = DraftTree.root(0)
+    tree.add_chain(0, [1, 2], "lex", [0.9] * 2)
+    policy = FittedTree(curve, 64, explore_every=0)
+    for _ in range(40):
+        policy.verified(64, tree.subtree([1]), [])
+    assert all(policy.select(tree) == [] for _ in range(50))
+    with pytest.raises(ValueError, match="explore_every"):
+        FittedTree(curve, 64, explore_every=-1)

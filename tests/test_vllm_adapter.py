@@ -194,3 +194,35 @@ def test_a_drafter_reads_the_top_k_exactly_when_it_says_so(method):
     uses = EngineDrafter.build(EngineDrafterConfig(method=method)).drafter.uses_topk
     assert uses == (method in ("tr", "goose", "oilbird", "oilbird-tr"))
     assert (_steps_with(True, method) != _steps_with(False, method)) == uses
+
+
+def _serve_rejecting(engine: EngineDrafter, first: int, count: int, accept: bool = False) -> list[list[int]]:
+    """`count` one-step requests of tenant t, each proposing after its first token (7); each
+    proposal is then verified: all rejected (the engine commits 0), or with `accept` all accepted."""
+    proposals = []
+    for i in range(first, first + count):
+        (proposal,) = engine.step([step(f"r{i}", [7])], max_drafts=3)
+        if proposal:
+            engine.step([step(f"r{i}", proposal + [1] if accept else [0], drafts=proposal)], max_drafts=3)
+        engine.finish(f"r{i}")
+        proposals.append(proposal)
+    return proposals
+
+
+def test_a_calibrated_tenant_cut_to_nothing_is_probed_and_can_earn_its_way_back():
+    engine = pld(length_policy="calibrated", calibration_context="none", explore_every=8, explore_drafts=2)
+    warm = _serve_rejecting(engine, 0, 20)
+    assert warm[0] == [8, 5, 6] and warm[-1] == []  # rejections cut the chain below min_reach
+    probes_before = engine.stats["t"].probes
+    later = _serve_rejecting(engine, 20, 27)
+    drafted = [i for i, p in enumerate(later) if p]
+    assert len(drafted) == 3 and all(later[i] == [8, 5] for i in drafted)  # probes of 2 drafts
+    assert drafted[1] - drafted[0] == 9 and drafted[2] - drafted[1] == 9  # one in 9 steps
+    assert engine.stats["t"].probes - probes_before == 3
+    # The traffic turns: the probes are accepted, and the estimates come back above min_reach.
+    turned = _serve_rejecting(engine, 50, 60, accept=True)
+    assert turned[-1] == [8, 5, 6]
+    never = pld(length_policy="calibrated", calibration_context="none", explore_every=0)
+    assert not any(_serve_rejecting(never, 0, 60)[20:])
+    with pytest.raises(ConfigError, match="explore_every"):
+        pld(explore_every=-1)

@@ -61,6 +61,10 @@ class BudgetConfig:
     """In 'fit', estimate acceptance per outcome of the request's previous tree (oilbird/tree_select.py)."""
     fit_objective: str = "step"
     """In 'fit': 'step' (each forward's tokens per second) or 'rate' (gain over the long-run rate)."""
+    fit_explore_every: int = 8
+    """In 'fit', after this many forwards in a row that verified nothing of a non-empty proposal, the next verifies its likeliest nodes anyway, so a drafter whose early drafts failed can earn its way back (0: never)."""
+    fit_explore_nodes: int = 3
+    """In 'fit', how many of the proposal's likeliest nodes such a probe verifies."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("fixed", "auto"):
@@ -73,6 +77,9 @@ class BudgetConfig:
             raise ValueError(f"recheck_tolerance must be > 0, got {self.recheck_tolerance}")
         if not 0 < self.recheck_faster < 1:
             raise ValueError(f"recheck_faster must be in (0, 1), got {self.recheck_faster}")
+        if self.fit_explore_every < 0 or self.fit_explore_nodes < 1:
+            raise ValueError(f"fit_explore_every must be >= 0 and fit_explore_nodes >= 1, got "
+                             f"{self.fit_explore_every} and {self.fit_explore_nodes}")
         if self.fit_objective not in FIT_OBJECTIVES:
             raise ValueError(f"fit_objective must be one of {FIT_OBJECTIVES}, got {self.fit_objective!r}")
 

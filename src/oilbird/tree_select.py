@@ -15,6 +15,14 @@ The k likeliest nodes are ancestor-closed (a node's reach never exceeds its pare
 go to the earlier index), so they form a tree. Lossless by construction: verification decides,
 the selection only chooses what to verify.
 
+Estimates learnt only from what was verified can lock in: a drafter whose early drafts failed
+gets trees pruned to nothing, and a drafter that verifies nothing learns nothing, even after the
+traffic has turned its way (SAM on Spec-Bench, stop 51). So after `explore_every` forwards in a
+row in which the fit verified nothing of a non-empty proposal, the next forward verifies the
+proposal's `explore_nodes` likeliest nodes anyway: a probe whose price is bounded by the curve's
+cost of those nodes, once in `explore_every + 1` forwards, and paid only by a drafter that has
+stopped drafting.
+
 The estimates may also be conditioned on how the request's previous tree went (`tree_outcome`:
 'idle', 'miss', 'part', 'full'), as the vLLM chain policy's are: a request that is copying a
 past answer keeps copying, one writing new text keeps missing, and the fit spends accordingly.
@@ -50,7 +58,7 @@ def fit_subtree(reach: list[float], cost, rate: float | None = None) -> list[int
     Returns:
         Ascending node indices (ancestor-closed when reach decreases along paths).
     """
-    order = sorted(range(1, len(reach)), key=lambda n: (-reach[n], n))
+    order = _by_reach(reach)
 
     def value(expected: float, seconds: float) -> float:
         return expected / seconds if rate is None else expected - rate * seconds
@@ -62,6 +70,16 @@ def fit_subtree(reach: list[float], cost, rate: float | None = None) -> list[int
         if v > best:
             best_k, best = k, v
     return sorted(order[:best_k])
+
+
+def likeliest(reach: list[float], k: int) -> list[int]:
+    """The `k` nodes of largest reach (root excluded, ties to the earlier index), ascending:
+    ancestor-closed when reach decreases along paths."""
+    return sorted(_by_reach(reach)[:k])
+
+
+def _by_reach(reach: list[float]) -> list[int]:
+    return sorted(range(1, len(reach)), key=lambda n: (-reach[n], n))
 
 
 def tree_outcome(tree: DraftTree, path: list[int]) -> str:
@@ -89,12 +107,25 @@ class FittedTree:
         use_context: condition the estimates on the context (false: ignore it).
         objective: 'step' (each forward's own tokens per second) or 'rate' (tokens beyond what
             the forward's time earns at the long-run rate of this policy's verified trees).
+        explore_every: after this many forwards in a row that verified nothing of a non-empty
+            proposal, probe (0: never; see the module docstring).
+        explore_nodes: the probe's size: the proposal's likeliest nodes, root excluded.
+
+    Raises:
+        ValueError: an unknown objective, or a negative `explore_every` or `explore_nodes` < 1.
     """
 
     def __init__(self, curve: CostCurve, max_budget: int, model: AcceptanceModel | None = None,
-                 use_context: bool = False, objective: str = "step") -> None:
+                 use_context: bool = False, objective: str = "step", explore_every: int = 8,
+                 explore_nodes: int = 3) -> None:
         if objective not in FIT_OBJECTIVES:
             raise ValueError(f"fit objective must be one of {FIT_OBJECTIVES}, got {objective!r}")
+        if explore_every < 0 or explore_nodes < 1:
+            raise ValueError(f"explore_every must be >= 0 and explore_nodes >= 1, got "
+                             f"{explore_every} and {explore_nodes}")
+        self.explore_every, self.explore_nodes = explore_every, explore_nodes
+        self.idle = 0  # forwards in a row whose fit verified nothing of a non-empty proposal
+        self.probes = 0  # forwards verified as probes
         self.curve, self.max_budget, self.use_context = curve, max_budget, use_context
         self.model = model or AcceptanceModel()
         self.objective = objective
@@ -113,7 +144,18 @@ class FittedTree:
         """The nodes of `tree` to verify (ascending, root excluded)."""
         probs = self.model.node_probs(tree, context if self.use_context else "")
         rate = self.tokens / self.seconds if self.objective == "rate" else None
-        return fit_subtree(reaches(tree, probs), self.curve.cost, rate)
+        reach = reaches(tree, probs)
+        keep = fit_subtree(reach, self.curve.cost, rate)
+        if len(tree) == 1:  # nothing offered: nothing learnt either way
+            return keep
+        if keep:
+            self.idle = 0
+            return keep
+        if self.explore_every and self.idle >= self.explore_every:
+            self.idle, self.probes = 0, self.probes + 1
+            return likeliest(reach, self.explore_nodes)
+        self.idle += 1
+        return keep
 
     def verified(self, offered: int, tree: DraftTree, path: list[int], context: str = "") -> None:
         """Learn from one verified (selected) tree, proposed in `context`, and its accepted path."""
@@ -125,7 +167,8 @@ class FittedTree:
 
     def calibration(self) -> dict:
         """Committed and predicted tokens of the verified trees (the predictions before each
-        tree's outcome was learnt), and their ratio: above 1, the estimates were optimistic."""
+        tree's outcome was learnt), and their ratio: above 1, the estimates were optimistic;
+        `probes`: the forwards verified as exploration probes."""
         committed = self.tokens - 1.0  # less the starting step's worth
         return dict(committed=committed, predicted=self.predicted,
-                    ratio=self.predicted / committed if committed else None)
+                    ratio=self.predicted / committed if committed else None, probes=self.probes)

@@ -83,6 +83,8 @@ class TenantStats:
     """Draft tokens proposed and verified."""
     accepted: int = 0
     """Draft tokens accepted."""
+    probes: int = 0
+    """Chains proposed as exploration probes (EngineDrafterConfig.explore_every)."""
 
     @property
     def tau(self) -> float:
@@ -105,6 +107,9 @@ class EngineDrafter:
     """tenant -> its acceptance estimates (length_policy 'calibrated')."""
     prompt_lens: dict[str, int] = field(default_factory=dict)
     """request id -> its prompt's length, for every request in flight."""
+    idle: dict[str, int] = field(default_factory=dict)
+    """tenant -> steps in a row whose calibrated chain was cut to nothing though the drafter
+    offered one (length_policy 'calibrated'; a probe follows `explore_every` of them)."""
     contexts: dict[str, str] = field(default_factory=dict)
     """request id -> how its last verified chain went (`chain_outcome`), the context its next
     chain is calibrated in (calibration_context 'outcome')."""
@@ -245,12 +250,29 @@ class EngineDrafter:
         if self.config.length_policy == "calibrated":
             tenant = self.drafter.requests[request_id].tenant
             path = self._calibrator(tenant).choose(tree, max_drafts, min_reach, self._context(request_id))
+            if not path and len(tree) > 1:
+                path = self._probe(tenant, tree, max_drafts, request_id)
+            elif path:
+                self.idle[tenant] = 0
         else:
             path = tree.best_path(max_drafts)
         self.drafter.restrict_proposal(request_id, path)
         chain = tree.subtree(path)
         self.proposed[request_id] = chain
         return chain.tokens[1:]
+
+    def _probe(self, tenant: str, tree: DraftTree, max_drafts: int, request_id: str) -> list[int]:
+        """The chain of a step whose estimates cut every chain to nothing: none, except every
+        `explore_every + 1`-th such step in a row of the tenant, whose best chain's first
+        `explore_drafts` tokens are proposed whatever their estimates (a probe)."""
+        idle, every = self.idle.get(tenant, 0), self.config.explore_every
+        if not every or idle < every:
+            self.idle[tenant] = idle + 1
+            return []
+        self.idle[tenant] = 0
+        self.tenant_stats(tenant).probes += 1
+        length = min(max_drafts, self.config.explore_drafts)
+        return self._calibrator(tenant).choose(tree, length, 0.0, self._context(request_id))
 
     def _context(self, request_id: str) -> str:
         if self.config.calibration_context == "none":

@@ -48,6 +48,13 @@ class EngineDrafterConfig:
     on a GPU). With B requests in a step it rises to min(0.5, min_reach·B/(1 + min_reach·(B−1)))."""
     max_batch_reach: float = 0.5
     """'calibrated': the cap on that batch-raised reach."""
+    explore_every: int = 8
+    """'calibrated': after this many steps in a row in which a tenant's estimates cut every chain
+    its drafter offered to nothing, the next such step proposes the best chain's first
+    `explore_drafts` tokens anyway, so a source whose early drafts failed can earn its way back
+    (estimates learn only from what is verified); 0: never."""
+    explore_drafts: int = 2
+    """'calibrated': the length of such a probe (at most vLLM's num_speculative_tokens)."""
     calibration_context: str = "outcome"
     """'calibrated': what else the acceptance estimates are kept by: 'outcome', how the request's
     previous chain went (none proposed, none accepted, some, all; a request copying a past answer
@@ -74,6 +81,9 @@ class EngineDrafterConfig:
                               f"got {self.calibration_context!r}")
         if not 0.0 <= self.max_batch_reach <= 1.0:
             raise ConfigError(f"max_batch_reach must be in [0, 1], got {self.max_batch_reach}")
+        if self.explore_every < 0 or self.explore_drafts < 1:
+            raise ConfigError(f"explore_every must be >= 0 and explore_drafts >= 1, got "
+                              f"{self.explore_every} and {self.explore_drafts}")
         if self.topk < 1:
             raise ConfigError(f"topk must be >= 1, got {self.topk}")
         if self.snapshot_every < 1:

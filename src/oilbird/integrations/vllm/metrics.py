@@ -8,6 +8,7 @@ _HELP = {
     "oilbird_committed_tokens_total": ("counter", "Committed tokens."),
     "oilbird_draft_tokens_total": ("counter", "Draft tokens verified."),
     "oilbird_accepted_tokens_total": ("counter", "Draft tokens accepted."),
+    "oilbird_probes_total": ("counter", "Chains proposed as exploration probes, past the tenant's estimates (explore_every)."),
     "oilbird_acceptance_rate": ("gauge", "Accepted / verified draft tokens."),
     "oilbird_tau": ("gauge", "Committed tokens per verification step (accepted length)."),
     "oilbird_pool_bytes": ("gauge", "Bytes the drafter holds for the tenant across requests."),
