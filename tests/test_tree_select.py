@@ -3,7 +3,7 @@ the online acceptance model behind it, on hand-built trees."""
 
 import pytest
 
-from oilbird.acceptance import AcceptanceModel, node_key
+from oilbird.acceptance import AcceptanceModel, ExplorationFloor, node_key
 from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
 from oilbird.tree_select import FittedTree, fit_subtree, reaches, tree_outcome
@@ -143,3 +143,15 @@ def test_without_exploration_the_fit_stays_locked_out():
     assert all(policy.select(tree) == [] for _ in range(50))
     with pytest.raises(ValueError, match="explore_every"):
         FittedTree(curve, 64, explore_every=-1)
+
+
+def test_the_exploration_floor_probes_every_ninth_cut_in_a_row():
+    floor = ExplorationFloor(every=8)
+    assert [floor.probe_due() for _ in range(18)] == ([False] * 8 + [True]) * 2
+    for _ in range(5):
+        floor.probe_due()
+    floor.drafted()  # a proposal kept in part: the count starts again
+    assert [floor.probe_due() for _ in range(9)] == [False] * 8 + [True] and floor.probes == 3
+    assert not any(ExplorationFloor(every=0).probe_due() for _ in range(50))
+    with pytest.raises(ValueError, match="explore_every"):
+        ExplorationFloor(every=-1)

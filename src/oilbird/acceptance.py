@@ -15,6 +15,11 @@ A caller may also name the request's *context*, e.g. how its previous verificati
 request that is copying a past answer keeps copying, one writing new text keeps missing. Each
 context keeps counts of its own, shrunk towards the context-free estimate of the same key until
 it has seen `context_weight` trials, so a rare context borrows the common record.
+
+Estimates learnt only from what was verified can lock in: a source whose early drafts failed gets
+cut to nothing, and a source that verifies nothing learns nothing, even after the traffic has
+turned its way. `ExplorationFloor` is the rule both engines' policies share against that: after
+`every` proposals in a row cut to nothing, the next is verified in part anyway (a probe).
 """
 
 from __future__ import annotations
@@ -75,6 +80,41 @@ class AcceptanceModel:
                 _count(self.counts, key, hit)
                 if context:
                     _count(self.context_counts, (context, key), hit)
+
+
+@dataclass
+class ExplorationFloor:
+    """When a policy whose estimates cut a non-empty proposal to nothing should verify some of it
+    anyway (see the module docstring). One per acceptance model: per drafter instance in our
+    engine, per tenant in the vLLM adapter.
+
+    Raises:
+        ValueError: a negative `every`.
+    """
+
+    every: int = 8
+    """Proposals in a row cut to nothing before a probe; 0: never probe."""
+    idle: int = 0
+    """Proposals cut to nothing since the last one that drafted (or the last probe)."""
+    probes: int = 0
+    """Probes so far."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ValueError(f"explore_every must be >= 0 (0: never), got {self.every}")
+
+    def drafted(self) -> None:
+        """The estimates kept some of a proposal: the count starts again."""
+        self.idle = 0
+
+    def probe_due(self) -> bool:
+        """The estimates cut a non-empty proposal to nothing: True (a probe, counted) on every
+        `every + 1`-th such proposal in a row, else False."""
+        if self.every and self.idle >= self.every:
+            self.idle, self.probes = 0, self.probes + 1
+            return True
+        self.idle += 1
+        return False
 
 
 def _count(table: dict, key, hit: bool) -> None:

@@ -15,13 +15,12 @@ The k likeliest nodes are ancestor-closed (a node's reach never exceeds its pare
 go to the earlier index), so they form a tree. Lossless by construction: verification decides,
 the selection only chooses what to verify.
 
-Estimates learnt only from what was verified can lock in: a drafter whose early drafts failed
-gets trees pruned to nothing, and a drafter that verifies nothing learns nothing, even after the
-traffic has turned its way (SAM on Spec-Bench, stop 51). So after `explore_every` forwards in a
-row in which the fit verified nothing of a non-empty proposal, the next forward verifies the
-proposal's `explore_nodes` likeliest nodes anyway: a probe whose price is bounded by the curve's
-cost of those nodes, once in `explore_every + 1` forwards, and paid only by a drafter that has
-stopped drafting.
+Estimates learnt only from what was verified can lock in (SAM on Spec-Bench, stop 51;
+`ExplorationFloor` in oilbird/acceptance.py): so after `explore_every` forwards in a row in which
+the fit verified nothing of a non-empty proposal, the next forward verifies the proposal's
+`explore_nodes` likeliest nodes anyway: a probe whose price is bounded by the curve's cost of
+those nodes, once in `explore_every + 1` forwards, and paid only by a drafter that has stopped
+drafting.
 
 The estimates may also be conditioned on how the request's previous tree went (`tree_outcome`:
 'idle', 'miss', 'part', 'full'), as the vLLM chain policy's are: a request that is copying a
@@ -30,7 +29,7 @@ past answer keeps copying, one writing new text keeps missing, and the fit spend
 
 from __future__ import annotations
 
-from oilbird.acceptance import AcceptanceModel
+from oilbird.acceptance import AcceptanceModel, ExplorationFloor
 from oilbird.budget import FIT_OBJECTIVES
 from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
@@ -120,12 +119,9 @@ class FittedTree:
                  explore_nodes: int = 3) -> None:
         if objective not in FIT_OBJECTIVES:
             raise ValueError(f"fit objective must be one of {FIT_OBJECTIVES}, got {objective!r}")
-        if explore_every < 0 or explore_nodes < 1:
-            raise ValueError(f"explore_every must be >= 0 and explore_nodes >= 1, got "
-                             f"{explore_every} and {explore_nodes}")
-        self.explore_every, self.explore_nodes = explore_every, explore_nodes
-        self.idle = 0  # forwards in a row whose fit verified nothing of a non-empty proposal
-        self.probes = 0  # forwards verified as probes
+        if explore_nodes < 1:
+            raise ValueError(f"explore_nodes must be >= 1, got {explore_nodes}")
+        self.floor, self.explore_nodes = ExplorationFloor(explore_every), explore_nodes
         self.curve, self.max_budget, self.use_context = curve, max_budget, use_context
         self.model = model or AcceptanceModel()
         self.objective = objective
@@ -149,13 +145,9 @@ class FittedTree:
         if len(tree) == 1:  # nothing offered: nothing learnt either way
             return keep
         if keep:
-            self.idle = 0
+            self.floor.drafted()
             return keep
-        if self.explore_every and self.idle >= self.explore_every:
-            self.idle, self.probes = 0, self.probes + 1
-            return likeliest(reach, self.explore_nodes)
-        self.idle += 1
-        return keep
+        return likeliest(reach, self.explore_nodes) if self.floor.probe_due() else keep
 
     def verified(self, offered: int, tree: DraftTree, path: list[int], context: str = "") -> None:
         """Learn from one verified (selected) tree, proposed in `context`, and its accepted path."""
@@ -171,4 +163,4 @@ class FittedTree:
         `probes`: the forwards verified as exploration probes."""
         committed = self.tokens - 1.0  # less the starting step's worth
         return dict(committed=committed, predicted=self.predicted,
-                    ratio=self.predicted / committed if committed else None, probes=self.probes)
+                    ratio=self.predicted / committed if committed else None, probes=self.floor.probes)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from oilbird.acceptance import ExplorationFloor
 from oilbird.drafters.base import Drafter
 from oilbird.drafters.registry import drafter_class
 from oilbird.errors import ConfigError
@@ -107,9 +108,8 @@ class EngineDrafter:
     """tenant -> its acceptance estimates (length_policy 'calibrated')."""
     prompt_lens: dict[str, int] = field(default_factory=dict)
     """request id -> its prompt's length, for every request in flight."""
-    idle: dict[str, int] = field(default_factory=dict)
-    """tenant -> steps in a row whose calibrated chain was cut to nothing though the drafter
-    offered one (length_policy 'calibrated'; a probe follows `explore_every` of them)."""
+    floors: dict[str, ExplorationFloor] = field(default_factory=dict)
+    """tenant -> when its calibrated chains, cut to nothing, get a probe (length_policy 'calibrated')."""
     contexts: dict[str, str] = field(default_factory=dict)
     """request id -> how its last verified chain went (`chain_outcome`), the context its next
     chain is calibrated in (calibration_context 'outcome')."""
@@ -253,7 +253,7 @@ class EngineDrafter:
             if not path and len(tree) > 1:
                 path = self._probe(tenant, tree, max_drafts, request_id)
             elif path:
-                self.idle[tenant] = 0
+                self._floor(tenant).drafted()
         else:
             path = tree.best_path(max_drafts)
         self.drafter.restrict_proposal(request_id, path)
@@ -265,11 +265,8 @@ class EngineDrafter:
         """The chain of a step whose estimates cut every chain to nothing: none, except every
         `explore_every + 1`-th such step in a row of the tenant, whose best chain's first
         `explore_drafts` tokens are proposed whatever their estimates (a probe)."""
-        idle, every = self.idle.get(tenant, 0), self.config.explore_every
-        if not every or idle < every:
-            self.idle[tenant] = idle + 1
+        if not self._floor(tenant).probe_due():
             return []
-        self.idle[tenant] = 0
         self.tenant_stats(tenant).probes += 1
         length = min(max_drafts, self.config.explore_drafts)
         return self._calibrator(tenant).choose(tree, length, 0.0, self._context(request_id))
@@ -278,6 +275,9 @@ class EngineDrafter:
         if self.config.calibration_context == "none":
             return ""
         return self.contexts.get(request_id, "start")
+
+    def _floor(self, tenant: str) -> ExplorationFloor:
+        return self.floors.setdefault(tenant, ExplorationFloor(self.config.explore_every))
 
     def _calibrator(self, tenant: str) -> ChainCalibrator:
         return self.calibrators.setdefault(tenant, ChainCalibrator())
