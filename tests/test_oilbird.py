@@ -7,7 +7,6 @@ from oilbird.drafters import make_drafter
 from oilbird.drafters.oilbird import OilbirdConfig
 from oilbird.drafters.oilbird_transplants import OilbirdPLDConfig, OilbirdSuffixConfig, OilbirdTRConfig
 from oilbird.errors import ConfigError
-from oilbird.semantic_memory import SearchGate
 from oilbird.semantic_store import RejectedPool, TraceStore, normalize
 from oilbird.tree import DraftTree
 from oilbird.verifier import PrefillObservation, Verification
@@ -45,10 +44,8 @@ def semantic_tokens(trees):
 
 def new_drafter(**overrides):
     # PLD host: a repetitive prompt gives it a lexical match every cycle, so the key may extend it.
-    # Its verifications reject every draft (path []): the search gate would rest; tests of the
-    # gate turn it back on.
     config = OilbirdPLDConfig(**dict(dict(sem_self_calibrate=False, sem_rejected_pool=False,
-                                          sem_index_prompt=False, sem_rest_after=0), **overrides))
+                                          sem_index_prompt=False), **overrides))
     return make_drafter("oilbird-pld", config)
 
 
@@ -458,66 +455,3 @@ def test_a_semantic_config_checks_its_hosts_fields_and_its_own(config_class, bad
         config_class(**bad_host_field)
     with pytest.raises(ValueError, match="sem_theta"):
         config_class(sem_theta=1.5)
-
-
-def test_the_search_gate_rests_after_misses_probes_and_wakes_on_an_accept():
-    gate = SearchGate(rest_after=3, probe_every=2)
-    for _ in range(3):
-        assert gate.should_search()
-        gate.searched(0)
-    decisions = []
-    for _ in range(6):  # resting: a probe every third cycle, each probe missing again
-        decisions.append(gate.should_search())
-        if decisions[-1]:
-            gate.searched(0)
-    assert decisions == [False, False, True, False, False, True] and gate.skipped == 4
-    assert gate.floor.probes == 2
-    gate.searched(1)  # a probe's node was accepted: awake, every cycle searches again
-    assert all(gate.should_search() for _ in range(5))
-    never = SearchGate(rest_after=0, probe_every=2)
-    for _ in range(50):
-        assert never.should_search()
-        never.searched(0)
-
-
-def accepting(tree: DraftTree, node: int, bonus: int) -> Verification:
-    """A verification that accepts the path to `node` and commits `bonus` after it."""
-    path = tree.path_to(node)
-    ver = verification(tree, [tree.tokens[n] for n in path] + [bonus])
-    ver.path = path
-    return ver
-
-
-def test_a_tenant_whose_semantic_nodes_keep_failing_rests_its_search_and_wakes_on_an_accept(monkeypatch):
-    drafter = new_drafter(sem_rest_after=3, sem_rest_probe_every=2)
-    searches = []
-    real = type(drafter).retrieve
-    monkeypatch.setattr(type(drafter), "retrieve", lambda self, st: searches.append(1) or real(self, st))
-    serve(drafter, "a1", PROMPT, output(100), "A")  # every semantic node rejected: the gate rests
-    memory = drafter.memories.get("A")
-    assert memory.gate.resting and len(searches) < len(output(100))
-    records = len(memory.store)
-    drafter.start_request("r", PROMPT, "A")
-    n = len(PROMPT) - 1
-    drafter.observe_prefill("r", PrefillObservation(PROMPT[:-1], torch.zeros(n, 0), torch.zeros(n, 0),
-                                                    STATE.repeat(n, 1)))
-    woke = False
-    for cycle in range(30):
-        before = len(searches)
-        tree = drafter.propose("r", budget=40)
-        searched = len(searches) > before
-        paid = drafter.state("r").paid  # the nodes the semantic source added (not those it re-walked)
-        assert searched or not paid, "a resting source added nodes without searching"
-        if woke:
-            assert searched, f"cycle {cycle}: an awake source skipped its search"
-        if paid and not woke:  # a probe that drafted: accept its first semantic node
-            drafter.observe("r", accepting(tree, paid[0], 3))
-            woke = True
-            assert not memory.gate.resting
-        else:
-            drafter.observe("r", verification(tree, [3]))
-    assert woke, "no probe drafted: the test would prove nothing"
-    assert drafter.request_stats("r")["rested"] > 0
-    assert len(memory.store) > records, "the harvest rested with the search"
-    with pytest.raises(ValueError, match="sem_rest_probe_every"):
-        OilbirdConfig(sem_rest_probe_every=0)

@@ -95,19 +95,3 @@ def test_report_sets_the_method_under_test_against_every_other(tmp_path):
     assert table.index("| sam |") < table.index("| pld |")  # its row goes last
     with pytest.raises(DatasetError, match="no records of 'goose'"):
         report(tmp_path, under_test="goose")
-
-
-def test_the_semantic_line_says_how_often_the_search_rested(tmp_path):
-    from oilbird.tables import report
-
-    stats = dict(cycles=10, fired=2, rested=6, retrieve_s=0.001, merge_s=0.0, harvest_s=0.0, sem_paid=4,
-                 sem_paid_accepted=1, store_records=50, bytes_per_record=1160)
-    records = [_record("ar", "r0", dict(lossless=True), **SPLIT),
-               _record("oilbird", "r0", dict(lossless=True), drafter_stats=stats, **SPLIT)]
-    (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    table = report(tmp_path)
-    assert "- oilbird: fired in 20% of cycles, rested in 60%; retrieval 0.10 ms" in table
-    del stats["rested"]  # records made before the gate: no rest clause
-    records[1]["drafter_stats"] = stats
-    (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    assert "- oilbird: fired in 20% of cycles; retrieval" in report(tmp_path)

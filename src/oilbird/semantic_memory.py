@@ -4,12 +4,8 @@
   (defaults: the paper's where it gives them, ALGORITHMS.md §7).
 - `SemanticMemory`: what one tenant keeps across requests: the trace store (cap
   `sem_max_records`, oldest requests evicted first), the rejected-branch pool (a ring of
-  `sem_rejected_capacity` records, the oldest overwritten first), the calibrator and the
-  search gate (both of constant size). Drafters hold one per tenant in a `TenantMap`.
-- `SearchGate`: whether a cycle searches at all. A search costs about a millisecond on a CPU
-  (retrieval and merge); when an engine's budget keeps cutting the semantic nodes, or the
-  verifier keeps rejecting them, that time buys nothing, so the source rests and searches only
-  now and then (a probe) until one of its nodes is accepted again.
+  `sem_rejected_capacity` records, the oldest overwritten first) and the calibrator (constant
+  size). Drafters hold one per tenant in a `TenantMap`.
 - `Watermark`: the bound of the visibility rule (drafters/oilbird.py): record ids below it are
   searchable. Each request in flight holds its own (requests of one tenant may interleave their
   adds). Ids never shift, so eviction cannot expose the newest records.
@@ -21,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from oilbird.acceptance import ExplorationFloor
 from oilbird.semantic_merge import Calibrator
 from oilbird.semantic_store import INDEX_MODES, KEY_DTYPES, RejectedPool, TraceStore
 
@@ -76,13 +71,6 @@ class SemanticConfig:
     """EMA weight of the newest cycle's acceptance."""
     sem_calib_gain: float = 0.1
     """How far θ moves per unit of relative acceptance error."""
-    sem_rest_after: int = 32
-    """Searches in a row with no semantic node accepted (none found, all cut by the engine's
-    budget, or all rejected) before the tenant's source rests; 0: it never rests (our design:
-    under the 'fit' budget on a CPU the semantic nodes were cut or rejected in nearly every
-    cycle, while the search cost 3% of the cycle; docs/RESULTS.md, issue 15, stop 53)."""
-    sem_rest_probe_every: int = 8
-    """A resting source searches once every this many + 1 cycles; one accepted node wakes it."""
 
     def __post_init__(self) -> None:
         if self.sem_granularity not in ("position", "request"):
@@ -101,9 +89,6 @@ class SemanticConfig:
             raise ValueError("sem_top_k, sem_max_depth, sem_max_records and sem_rejected_depth must be >= 1")
         if self.sem_entry_budget < 0 or self.sem_rejected_capacity < 0 or not 0 <= self.sem_entry_share <= 1:
             raise ValueError("sem_entry_budget and sem_rejected_capacity must be >= 0, sem_entry_share in [0, 1]")
-        if self.sem_rest_after < 0 or self.sem_rest_probe_every < 1:
-            raise ValueError(f"sem_rest_after must be >= 0 (0: never rest) and sem_rest_probe_every >= 1, "
-                             f"got {self.sem_rest_after} and {self.sem_rest_probe_every}")
         # A drafter's config lists SemanticConfig before its host's (`class C(SemanticConfig,
         # HostConfig)`): the host's checks run next in the method resolution order.
         host_checks = getattr(super(), "__post_init__", None)
@@ -111,49 +96,8 @@ class SemanticConfig:
             host_checks()
 
 
-class SearchGate:
-    """Whether the tenant's semantic source searches this cycle (module docstring).
-
-    Awake, it searches every cycle. After `rest_after` searches in a row without an accepted
-    semantic node it rests: it skips the search, except every `probe_every + 1`-th cycle (the
-    `ExplorationFloor` rule). A search with an accepted node wakes it. Only the search rests:
-    the harvest goes on, so a waking source finds every record it would have had.
-
-    Args:
-        rest_after: misses in a row before resting; 0: never rest.
-        probe_every: while resting, cycles skipped between two searches.
-    """
-
-    def __init__(self, rest_after: int, probe_every: int) -> None:
-        self.rest_after = rest_after
-        self.misses = 0
-        """Searches in a row without an accepted semantic node."""
-        self.floor = ExplorationFloor(every=probe_every)
-        self.skipped = 0
-        """Cycles the gate skipped the search, over the memory's life."""
-
-    @property
-    def resting(self) -> bool:
-        return bool(self.rest_after) and self.misses >= self.rest_after
-
-    def should_search(self) -> bool:
-        """True where this cycle should search (a resting gate's probe counts in `floor.probes`)."""
-        if not self.resting or self.floor.probe_due():
-            return True
-        self.skipped += 1
-        return False
-
-    def searched(self, accepted: int) -> None:
-        """A search's outcome: `accepted` of its paid nodes were accepted (0 if it found none, or
-        the engine verified none)."""
-        self.misses = 0 if accepted else self.misses + 1
-        if accepted:
-            self.floor.drafted()
-
-
 class SemanticMemory:
-    """One tenant's semantic memory, kept across its requests: trace store, rejected pool,
-    calibrator and search gate.
+    """One tenant's semantic memory, kept across its requests: trace store, rejected pool, calibrator.
 
     The store and the pool are built at the tenant's first hidden states (their width and device
     come from the model); until then both are None. Caps and eviction orders: module docstring.
@@ -166,7 +110,6 @@ class SemanticMemory:
         self.config = config
         self.calibrator = Calibrator(config.sem_theta, config.sem_calib_target, config.sem_calib_alpha,
                                      config.sem_calib_gain)
-        self.gate = SearchGate(config.sem_rest_after, config.sem_rest_probe_every)
         self.store: TraceStore | None = None
         self.pool: RejectedPool | None = None
 

@@ -231,7 +231,6 @@ def semantic_stats(recs: list[dict], cycle_s: float | None) -> dict | None:
 
     upkeep = sum(s["retrieve_s"] + s["merge_s"] + s["harvest_s"] for s in stats)
     return dict(cycles=cycles, fired_share=sum(s["fired"] for s in stats) / cycles if cycles else 0.0,
-                rested_share=sum(s.get("rested", 0) for s in stats) / cycles if cycles else 0.0,
                 retrieve_ms_per_cycle=per_cycle_ms("retrieve_s"), merge_ms_per_cycle=per_cycle_ms("merge_s"),
                 harvest_ms_per_cycle=per_cycle_ms("harvest_s"),
                 share_of_cycle=upkeep / cycle_s if cycle_s else 0.0,

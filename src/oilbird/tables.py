@@ -145,9 +145,7 @@ def _semantic_lines(rows: list[dict]) -> list[str]:
     for r in semantic:
         s = r["semantic"]
         lines.append(
-            f"- {r['method']}: fired in {100 * s['fired_share']:.0f}% of cycles"
-            + (f", rested in {100 * s['rested_share']:.0f}%" if s.get("rested_share") else "")
-            + "; retrieval "
+            f"- {r['method']}: fired in {100 * s['fired_share']:.0f}% of cycles; retrieval "
             f"{s['retrieve_ms_per_cycle']:.2f} ms, merge {s['merge_ms_per_cycle']:.2f} ms, harvest "
             f"{s['harvest_ms_per_cycle']:.2f} ms ({100 * s['share_of_cycle']:.1f}% of the cycle); "
             f"{s['paid_nodes']} nodes paid, {100 * s['paid_accepted'] / max(1, s['paid_nodes']):.1f}% "

@@ -9,9 +9,7 @@ tree from the root and pay only for the nodes where they diverge, within the sem
 budget (oilbird/semantic_merge.py). The host's last-built nodes give way so the total never
 exceeds the node budget. The same verification forward supplies the records: each committed
 token keyed by the state that predicted it, and each rejected node with the continuation the
-model endorsed from it. A tenant whose semantic nodes keep being cut by the engine's budget or
-rejected by the verifier rests its search (`SearchGate`, oilbird/semantic_memory.py): it searches
-only now and then until one of its nodes is accepted again; the harvest never rests.
+model endorsed from it.
 
 Visibility, one rule for both sources (strictly online):
 - A record harvested by the forward of cycle c (a committed token in the trace store, a rejected
@@ -45,8 +43,7 @@ It becomes the first query, and the prompt is not indexed (`observe_prefill`).
 
 Ablations are config fields (`sem_*`): entry budget 0 (the controlled pair), `sem_layer=0` (the
 static input-embedding key), `sem_granularity=request` (one query per request), and
-`sem_similarity_depth`, `sem_floor`, `sem_self_calibrate`, `sem_rejected_pool` off, and
-`sem_rest_after=0` (search every cycle).
+`sem_similarity_depth`, `sem_floor`, `sem_self_calibrate`, `sem_rejected_pool` off.
 """
 
 from __future__ import annotations
@@ -72,8 +69,7 @@ from oilbird.verifier import PrefillObservation, Verification
 
 
 def _new_stats() -> dict:
-    return dict(cycles=0, fired=0, rested=0, retrieve_s=0.0, merge_s=0.0, harvest_s=0.0, sem_paid=0,
-                sem_paid_accepted=0)
+    return dict(cycles=0, fired=0, retrieve_s=0.0, merge_s=0.0, harvest_s=0.0, sem_paid=0, sem_paid_accepted=0)
 
 
 @dataclass
@@ -92,8 +88,6 @@ class SemanticState(RequestState):
     """Sequence length when the request's one query was made (granularity=request)."""
     paid: list[int] = field(default_factory=list)
     """The nodes the semantic source paid for in the last proposal."""
-    searched: bool = False
-    """The last proposal searched (its outcome goes to the tenant's `SearchGate`)."""
     stats: dict = field(default_factory=_new_stats)
     """The request's measurements (`request_stats`)."""
 
@@ -225,16 +219,12 @@ class SemanticDrafter(Drafter):
     def propose(self, request_id: str, budget: int) -> DraftTree:
         state = self.state(request_id)
         tree = self.host.propose(request_id, budget)
-        state.paid, state.searched = [], False
+        state.paid = []
         stats = state.stats
         stats["cycles"] += 1
         entries = self.entry_budget(budget)
         if entries == 0 or len(tree) <= 1 or state.query is None:
             return tree  # the key extends lexical drafts; it never opens one
-        if not state.memory.gate.should_search():
-            stats["rested"] += 1  # its nodes kept being cut or rejected: the search would buy nothing
-            return tree
-        state.searched = True
         t = time.perf_counter()
         chains = self.retrieve(state)
         t2 = time.perf_counter()
@@ -315,9 +305,6 @@ class SemanticDrafter(Drafter):
             state.stats["sem_paid"] += len(state.paid)
             state.stats["sem_paid_accepted"] += accepted
             memory.calibrator.update(len(state.paid), accepted)
-        if state.searched:  # found nothing, or all of it cut or rejected, is a miss
-            memory.gate.searched(len(set(ver.path) & set(state.paid)))
-            state.searched = False
         # The visibility rule: this forward's records, about to be added to both sources, wait
         # for this request's proposal after next (its next query is one of their keys). Records
         # other requests add later wait for this request's next harvest.
