@@ -46,7 +46,7 @@ from oilbird.methods import override
 from oilbird.models import load_model
 from oilbird.tree import DraftTree
 from oilbird.verifier import TreeVerifier, VerifierConfig
-from vllm_bench import WORKLOADS  # the same workloads as the vLLM runs (scripts/ is on sys.path)
+from workloads import WORKLOADS, tenant_of  # the same workloads as the vLLM runs (scripts/ is on sys.path)
 
 
 
@@ -111,7 +111,7 @@ def serve(engine: EngineDrafter, verifier: TreeVerifier, rid: str, prompt: list[
     drafts: list[int] = []
     out: list[int] = []
     while True:
-        request = step_request(rid, prompt, "api-bank", drafts, ver, k, args.max_tokens, stop_ids)
+        request = step_request(rid, prompt, tenant_of(args.workload), drafts, ver, k, args.max_tokens, stop_ids)
         t = time.perf_counter()
         drafts = engine.step([request], args.num_spec)[0]
         counts["propose_s"] += time.perf_counter() - t
@@ -151,7 +151,7 @@ def serve_batched(engine: EngineDrafter, verifier: TreeVerifier, prompts: list[l
         while queue and len(active) < args.max_num_seqs:
             index, prompt = queue.pop(0)
             active.append(InFlight(f"r{index}", index, prompt, verifier))
-        batch = [step_request(r.rid, r.prompt, "api-bank", r.drafts, r.ver, k, args.max_tokens, stop_ids)
+        batch = [step_request(r.rid, r.prompt, tenant_of(args.workload), r.drafts, r.ver, k, args.max_tokens, stop_ids)
                  for r in active]
         t = time.perf_counter()
         proposals = engine.step(batch, args.num_spec)
@@ -193,8 +193,8 @@ def run(method: str, args, loaded, verifier, prompts, reference) -> dict:
 def load(args: argparse.Namespace):
     """The model, its verifier and the workload's prompts (token ids), as `args` name them."""
     torch.set_num_threads(args.threads)
-    per_category, limit = WORKLOADS[args.workload]
-    requests = load_dataset("api-bank", per_category=per_category, limit=limit)
+    work = WORKLOADS[args.workload]
+    requests = load_dataset(work.dataset, per_category=work.per_category, limit=work.limit)
     if args.limit:
         requests = requests[:args.limit]
     loaded = load_model(args.model) if args.model else load_model()

@@ -33,7 +33,7 @@ from pathlib import Path
 from oilbird.bench import encode_requests
 from oilbird.datasets import load_dataset
 from oilbird.models import load_model
-from vllm_bench import WORKLOADS
+from workloads import WORKLOADS  # scripts/ is on sys.path
 
 MAX_N = 16  # the longest suffix matched (the index also holds the oracle's 1 + K tokens)
 VOTERS = 256  # 'vote' counts the most recent occurrences only
@@ -142,8 +142,8 @@ def main(argv=None) -> int:
                          "first (any method's <method>.json holds the greedy outputs)")
     record = json.loads(Path(args.reference).read_text())
     outputs = [o["output_ids"] for o in record["outputs"]]
-    per_category, limit = WORKLOADS[args.workload]
-    requests = load_dataset("api-bank", per_category=per_category, limit=limit)[:len(outputs)]
+    work = WORKLOADS[args.workload]
+    requests = load_dataset(work.dataset, per_category=work.per_category, limit=work.limit)[:len(outputs)]
     prompts = encode_requests(load_model(), requests)
     print("| choice | steps | draft tokens | accepted | tau |")
     print("|---|---:|---:|---:|---:|")

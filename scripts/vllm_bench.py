@@ -34,6 +34,8 @@ instead, back to back on the same machine). Per method:
 Workloads (`--workload`):
   slice   the `make bench` slice: `oilbird bench --dataset api-bank --per-category 5 --limit 20`
   stream  the 100-request API-Bank stream: 25 per file, the four files in stream order
+  spec-bench  52 Spec-Bench questions, 4 per category (`oilbird bench --dataset spec-bench
+          --per-category 4 --limit 52`)
 `--limit N` keeps the first N requests of the workload (smoke tests).
 
 Device: `--device cpu` (the default; vLLM's CPU build) or `--device cuda` (vLLM's CUDA build, one
@@ -82,15 +84,12 @@ import traceback
 from pathlib import Path
 
 from vllm_records import compare, cuda_device_name, fmt, report, resumable, source_state  # scripts/ is on sys.path
+from workloads import WORKLOADS, tenant_of
 
 DEFAULT_METHODS = "none,none-async,ngram,suffix,oilbird,oilbird-pld,sam,goose"
-WORKLOADS = {  # name -> (per_category, limit), as load_dataset("api-bank", ...) takes them
-    "slice": (5, 20),  # make bench: --per-category 5 --limit 20
-    "stream": (25, 100),  # 25 per file, stream order
-}
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
             "vllm:spec_decode_num_accepted_tokens")
-TENANT = "api-bank"  # as `oilbird bench` serves a dataset: one tenant (pool) per dataset
+
 WARMUP_PROMPT = "List the numbers from one to twenty, separated by commas."
 
 
@@ -208,8 +207,8 @@ def load_workload(args) -> tuple[str, list[dict], list[int]]:
     from oilbird.datasets import load_dataset
     from oilbird.models import load_model
 
-    per_category, limit = WORKLOADS[args.workload]
-    requests = load_dataset("api-bank", per_category=per_category, limit=limit,
+    work = WORKLOADS[args.workload]
+    requests = load_dataset(work.dataset, per_category=work.per_category, limit=work.limit,
                             data_dir=Path(args.data_dir) if args.data_dir else None)
     if args.limit:
         requests = requests[:args.limit]
@@ -343,7 +342,7 @@ def timed_generate(llm, reqs: list[dict], args, use_tqdm: bool = True) -> dict:
     prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in reqs]
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, sampling_params(TENANT, args.max_tokens), use_tqdm=use_tqdm)
+    outs = llm.generate(prompts, sampling_params(tenant_of(args.workload), args.max_tokens), use_tqdm=use_tqdm)
     wall = time.perf_counter() - t0
     after = counters(llm)
     delta = {k: after[k] - before[k] for k in COUNTERS}
@@ -439,7 +438,7 @@ def main(argv=None) -> int:
                     iomp=args.iomp,
                     numba_threading_layer=args.numba_threading_layer,
                     prefix_caching=not args.no_prefix_caching, enforce_eager=not args.compile,
-                    warmup=args.warmup, tenant=TENANT, model=source, dtype=args.dtype,
+                    warmup=args.warmup, tenant=tenant_of(args.workload), model=source, dtype=args.dtype,
                     temperature=0.0, prompt_tokens=sum(len(r["prompt_ids"]) for r in reqs),
                     device=args.device)
     if args.device == "cuda":

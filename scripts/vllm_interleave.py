@@ -43,6 +43,7 @@ from pathlib import Path
 
 import vllm_bench as vb
 import vllm_records
+from workloads import WORKLOADS
 
 POLL_S = 0.05  # how often the parent looks for a child's result file
 
@@ -227,7 +228,7 @@ def combined_table(dirs: list[str], reference: str) -> str:
                          f"(common methods: {', '.join(methods)})")
     records = [dict(method=m, chunks=[c for s in summaries for r in s["rows"] if r["method"] == m
                                       for c in r["chunks"]]) for m in methods]
-    return (f"{len(dirs)} runs pooled, API-Bank {first['workload']}, max_num_seqs {first['max_num_seqs']}: "
+    return (f"{len(dirs)} runs pooled, {WORKLOADS[first['workload']].title}, max_num_seqs {first['max_num_seqs']}: "
             f"{', '.join(dirs)}\n\n{paired_table(records, reference)}")
 
 
@@ -296,7 +297,7 @@ def report(records, base, ours, args, env, out_dir, n) -> None:
     isolation = (f"each method a vLLM engine in a process of its own, all alive; chunks of "
                  f"{ours.chunk} requests served by each in turn, the order rotated per chunk")
     envinfo = vllm_records.environment(args, env, isolation)
-    title = (f"vLLM {envinfo['vllm']} in-engine, API-Bank {args.workload} ({n} requests), "
+    title = (f"vLLM {envinfo['vllm']} in-engine, {WORKLOADS[args.workload].title} ({n} requests), "
              f"max_num_seqs {args.max_num_seqs}, max_tokens {args.max_tokens}, K={args.num_spec}, "
              f"{args.device}, threads {args.threads} (bind {env.get('VLLM_CPU_OMP_THREADS_BIND')}), "
              f"{args.dtype}, greedy; {isolation}")

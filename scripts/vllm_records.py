@@ -16,6 +16,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from workloads import WORKLOADS  # scripts/ is on sys.path
+
 
 def resumable(out_dir: Path | None, method: str, settings: dict) -> dict | None:
     """`--resume`: the method's finished record from an earlier run with these settings, if any."""
@@ -147,7 +149,7 @@ def report(args, env: dict, isolation: str, device_name: str | None, settings: d
     else:
         where = (f"cuda {device_name} (gpu_memory_utilization {args.gpu_memory_utilization}, "
                  f"numba layer {args.numba_threading_layer})")
-    title = (f"vLLM {envinfo['vllm']} in-engine, API-Bank {args.workload} ({settings['requests']} requests), "
+    title = (f"vLLM {envinfo['vllm']} in-engine, {WORKLOADS[args.workload].title} ({settings['requests']} requests), "
              f"max_num_seqs {args.max_num_seqs}, max_tokens {args.max_tokens}, K={args.num_spec}, "
              f"{where}, {args.dtype}, greedy; {isolation}")
     notes = [f"- {r['method']}: {r.get('error')}" for r in records if not r.get("ok")]

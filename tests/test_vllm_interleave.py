@@ -149,3 +149,17 @@ def test_combine_refuses_runs_with_other_settings_or_no_summary(tmp_path):
     (bench / "summary.json").write_text('{"settings": {}, "rows": [{"method": "suffix"}]}')  # vllm_bench.py's
     with pytest.raises(SystemExit, match="holds no chunks"):
         il.main(["--combine", a, str(bench)])
+
+
+def test_every_workload_loads_its_sample_and_names_its_tenant():
+    """The vLLM scripts' workloads (scripts/workloads.py): each names a dataset sample that loads,
+    of the size it promises, and the tenant its requests share is that dataset's."""
+    from oilbird.datasets import load_dataset
+    from workloads import WORKLOADS, tenant_of
+
+    for name, work in WORKLOADS.items():
+        requests = load_dataset(work.dataset, per_category=work.per_category, limit=work.limit)
+        assert len(requests) == work.limit, name
+        assert tenant_of(name) == work.dataset
+    spec = load_dataset("spec-bench", per_category=4, limit=52)  # every category, four each
+    assert len({r.category for r in spec}) == 13
