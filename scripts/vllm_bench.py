@@ -89,7 +89,6 @@ from workloads import WORKLOADS, tenant_of
 DEFAULT_METHODS = "none,none-async,ngram,suffix,oilbird,oilbird-pld,sam,goose"
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
             "vllm:spec_decode_num_accepted_tokens")
-
 WARMUP_PROMPT = "List the numbers from one to twenty, separated by commas."
 
 
