@@ -38,20 +38,29 @@ from oilbird.cost_curve import probe_tokens
 from oilbird.kernels import ForwardConfig, describe_kernels
 from oilbird.models import load_model
 from oilbird.tree import DraftTree
-from oilbird.verifier import TreeVerifier
+from oilbird.verifier import TreeVerifier, VerifierConfig
 
 
 def forward_config(spec: str) -> ForwardConfig:
     """'field=value,field=value' (ForwardConfig's fields; '' = the defaults) -> the config."""
-    types = {f.name: f.type for f in dataclasses.fields(ForwardConfig)}
-    values = {}
+    return side_config(spec)[0]
+
+
+def side_config(spec: str) -> tuple[ForwardConfig, VerifierConfig]:
+    """'field=value,...' -> (ForwardConfig, VerifierConfig): each field goes to the config that has
+    it (e.g. 'fused=false' to the forward's, 'head=int8' to the verifier's; '' = the defaults)."""
+    classes = (ForwardConfig, VerifierConfig)
+    types = [{f.name: f.type for f in dataclasses.fields(cls)} for cls in classes]
+    values: list[dict] = [{}, {}]
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, text = item.partition("=")
-        if name not in types:
-            raise argparse.ArgumentTypeError(f"unknown ForwardConfig field {name!r} (one of {', '.join(types)})")
-        kind = types[name]
-        values[name] = parse_bool(text) if kind in ("bool", bool) else int(text) if kind in ("int", int) else text
-    return ForwardConfig(**values)
+        owner = next((i for i, fields in enumerate(types) if name in fields), None)
+        if owner is None:
+            known = ", ".join([*types[0], *types[1]])
+            raise argparse.ArgumentTypeError(f"unknown ForwardConfig or VerifierConfig field {name!r} (one of {known})")
+        kind = types[owner][name]
+        values[owner][name] = parse_bool(text) if kind in ("bool", bool) else int(text) if kind in ("int", int) else text
+    return ForwardConfig(**values[0]), VerifierConfig(**values[1])
 
 
 def chain_timer(verifier: TreeVerifier, prefix: int):
@@ -103,9 +112,9 @@ def time_sides(timers: dict, sizes: list[int], repeats: int) -> dict:
     return best
 
 
-def prefill_ab(loaded, models: dict, sizes: list[int], repeats: int) -> list[dict]:
+def prefill_ab(loaded, models: dict, sizes: list[int], repeats: int, checks: dict) -> list[dict]:
     """ms of a fresh prefill of n prompt tokens on each side, fastest of `repeats` alternated rounds."""
-    verifiers = {name: TreeVerifier(model, loaded.stop_ids) for name, model in models.items()}
+    verifiers = {name: TreeVerifier(model, loaded.stop_ids, checks[name]) for name, model in models.items()}
     vocab = loaded.model.config.vocab_size
     timers = {name: (lambda n, v=v: (_seconds(lambda: v.prefill(probe_tokens(vocab, n + 1))), None))
               for name, v in verifiers.items()}
@@ -172,12 +181,11 @@ def bench_ab(loaded, sides: dict, args) -> dict:
     tokens/s of each side, the ratio and its interval, and the outputs that differ between sides."""
     from oilbird.bench import BenchConfig, Harness
     from oilbird.budget import BudgetConfig
-    from oilbird.verifier import VerifierConfig
 
     config = BenchConfig(dataset="api-bank", per_category=args.per_category, limit=args.bench,
                          max_new_tokens=64, methods=args.methods, budget="fit", audit=False, grade=False)
-    harnesses = {name: Harness(loaded, config, {}, VerifierConfig(), BudgetConfig(mode="auto"), forward)
-                 for name, forward in sides.items()}
+    harnesses = {name: Harness(loaded, config, {}, check, BudgetConfig(mode="auto"), forward)
+                 for name, (forward, check) in sides.items()}
     records = serve_alternating(harnesses, config)
     a, b = list(sides)
     result = side_rows(records, [label for label, _, _ in harnesses[a].variants])
@@ -194,8 +202,9 @@ def bench_ab(loaded, sides: dict, args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--a", default="", type=str, help="side a's ForwardConfig fields, e.g. fused=false ('': defaults)")
-    p.add_argument("--b", default="", type=str, help="side b's ForwardConfig fields ('': defaults)")
+    p.add_argument("--a", default="", type=str,
+                   help="side a's ForwardConfig or VerifierConfig fields, e.g. fused=false or head=model ('': defaults)")
+    p.add_argument("--b", default="", type=str, help="side b's ForwardConfig or VerifierConfig fields ('': defaults)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prefix", type=int, default=512)
@@ -210,15 +219,17 @@ def main() -> None:
     if args.a == args.b:
         p.error("--a and --b name the same configuration")
     try:  # before the model loads: a typo costs no wait
-        sides = {args.a or "default": forward_config(args.a), args.b or "default": forward_config(args.b)}
+        sides = {args.a or "default": side_config(args.a), args.b or "default": side_config(args.b)}
     except (argparse.ArgumentTypeError, ValueError) as err:
         p.error(str(err))
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     loaded = load_model(args.model, log=lambda _: None)
-    models = {name: loaded.tree_model(config) for name, config in sides.items()}
-    kinds = {name: describe_kernels(model) for name, model in models.items()}
-    timers = {name: chain_timer(TreeVerifier(model, loaded.stop_ids), args.prefix) for name, model in models.items()}
+    models = {name: loaded.tree_model(forward) for name, (forward, _) in sides.items()}
+    checks = {name: check for name, (_, check) in sides.items()}
+    verifiers = {name: TreeVerifier(model, loaded.stop_ids, checks[name]) for name, model in models.items()}
+    kinds = {name: f"{describe_kernels(model)}, head {verifiers[name].head_kind}" for name, model in models.items()}
+    timers = {name: chain_timer(verifier, args.prefix) for name, verifier in verifiers.items()}
     agreement = compare_sides(timers, sizes)
     best = time_sides(timers, sizes, args.repeats)
     a, b = list(sides)
@@ -233,7 +244,7 @@ def main() -> None:
         rows.append(dict(nodes=n, a_ms=x, b_ms=y))
         print(f"| {n} | {x:.2f} | {y:.2f} | {y / x:.2f} | {x / x1:.2f} | {y / y1:.2f} |")
     prefills = [int(n) for n in args.prefill.split(",")] if args.prefill else []
-    prefill = prefill_ab(loaded, models, prefills, args.repeats) if prefills else None
+    prefill = prefill_ab(loaded, models, prefills, args.repeats, checks) if prefills else None
     bench = bench_ab(loaded, sides, args) if args.bench else None
     if args.out:
         args.out.write_text(json.dumps(dict(model=args.model, prefix=args.prefix, threads=args.threads,

@@ -1,4 +1,5 @@
-"""scripts/forward_ab.py's configuration spec: ForwardConfig fields by name, typed, and refusals."""
+"""scripts/forward_ab.py's configuration spec: ForwardConfig and VerifierConfig fields by name,
+typed, and refusals."""
 
 import argparse
 import sys
@@ -8,9 +9,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from forward_ab import forward_config, side_rows  # noqa: E402
+from forward_ab import forward_config, side_config, side_rows  # noqa: E402
 
 from oilbird.kernels import ForwardConfig  # noqa: E402
+from oilbird.verifier import VerifierConfig  # noqa: E402
 
 
 def test_a_spec_names_forward_config_fields_with_their_types():
@@ -20,8 +22,17 @@ def test_a_spec_names_forward_config_fields_with_their_types():
     assert forward_config("fused=true").fused is True
 
 
+def test_a_spec_sends_each_field_to_the_config_that_has_it():
+    forward, verifier = side_config("fused=false,head=int8,top_k=8")
+    assert forward == ForwardConfig(fused=False)
+    assert verifier == VerifierConfig(head="int8", top_k=8)
+    assert side_config("") == (ForwardConfig(), VerifierConfig())
+    with pytest.raises(ValueError, match="head must be"):
+        side_config("head=fp4")
+
+
 def test_a_bad_spec_is_refused_with_the_reason():
-    with pytest.raises(argparse.ArgumentTypeError, match="unknown ForwardConfig field 'fuse'"):
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown ForwardConfig or VerifierConfig field 'fuse'"):
         forward_config("fuse=false")
     with pytest.raises(argparse.ArgumentTypeError, match="true/false"):
         forward_config("fused=maybe")

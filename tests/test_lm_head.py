@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from oilbird.int8_head import int8_head_unavailable
 from oilbird.lm_head import CertifiedHead, certified_head_unavailable, error_coefficient, top_k_and_argmax
 from oilbird.errors import ModelError
 from oilbird.skinny_gemm import kernels, skinny_available
@@ -149,7 +150,8 @@ def test_the_real_model_verifies_the_same_tree_with_either_head(smol):
     prompt = smol.encode_chat([{"role": "user", "content": "List three colors of the rainbow."}])
     model = smol.tree_model()
     results = {}
-    for head in ("model", "certified"):
+    heads = ("model", "certified", "int8") if int8_head_unavailable(model) is None else ("model", "certified")
+    for head in heads:
         verifier = TreeVerifier(model, smol.stop_ids, VerifierConfig(head=head))
         assert verifier.head_kind == head
         state = verifier.prefill(prompt)
@@ -157,21 +159,24 @@ def test_the_real_model_verifies_the_same_tree_with_either_head(smol):
         for i, token in enumerate([1300, 25, 1303, 28, 30, 31, 2, 17, 18]):  # a bushy tree of 10 nodes
             tree.add(i // 3, token, "test")
         results[head] = verifier.verify(state, tree, hidden_layer=-1)
-    model_head, certified = results["model"], results["certified"]
-    assert torch.equal(model_head.argmax, certified.argmax)
-    assert model_head.committed == certified.committed and torch.equal(model_head.hidden, certified.hidden)
-    # drafters read the same top-k: float32's ids and values
-    assert torch.equal(model_head.topk_ids, certified.topk_ids)
-    assert torch.allclose(model_head.topk_logits, certified.topk_logits, atol=1e-4)
+    model_head = results["model"]
+    for head in heads[1:]:
+        other = results[head]
+        assert torch.equal(model_head.argmax, other.argmax)
+        assert model_head.committed == other.committed and torch.equal(model_head.hidden, other.hidden)
+        # drafters read the same top-k: float32's ids and values
+        assert torch.equal(model_head.topk_ids, other.topk_ids)
+        assert torch.allclose(model_head.topk_logits, other.topk_logits, atol=1e-4)
 
 
 @needs_kernels
-def test_auto_takes_the_models_own_head_where_it_reads_the_gguf_blocks(smol):
+def test_auto_takes_the_int8_head_or_the_models_own_where_it_reads_the_gguf_blocks(smol):
     from oilbird.gguf_weights import BlockLinear
     from oilbird.kernels import ForwardConfig
 
     blocks, dense = smol.tree_model(), smol.tree_model(ForwardConfig(q4_rows=0))
     on_blocks = isinstance(blocks.get_output_embeddings(), BlockLinear)  # AVX-512 builds
-    assert TreeVerifier(blocks, smol.stop_ids).head_kind == ("model" if on_blocks else "certified")
+    vnni = on_blocks and kernels().int8_head_available()
+    assert TreeVerifier(blocks, smol.stop_ids).head_kind == ("int8" if vnni else "model" if on_blocks else "certified")
     assert TreeVerifier(dense, smol.stop_ids).head_kind == "certified"
     assert TreeVerifier(blocks, smol.stop_ids, VerifierConfig(head="certified")).head_kind == "certified"

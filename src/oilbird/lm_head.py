@@ -137,6 +137,12 @@ class CertifiedHead:
         out = kernels().linear_pairs(rows, self.packed) if self.dot else kernels().linear(rows, self.packed, None)  # [N, V padded]
         return out[:, : self.vocab] if out.shape[1] != self.vocab else out
 
+    def greedy(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """([N, V] bfloat16-weight logits, [N, k] float32 top-k logits, [N, k] their ids) of [N, d] rows."""
+        logits = self.logits(hidden)  # [N, V]
+        values, ids, _ = self.topk(hidden, logits, k)  # [N, k], float32's
+        return logits, values, ids
+
     def topk(self, hidden: torch.Tensor, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The float32 top-k of each row, values included.
 

@@ -35,7 +35,7 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "skinny_gemm.cpp", CSRC / "tree_attention.cpp", CSRC / "topk.cpp",
            CSRC / "certified_topk.cpp", CSRC / "bf16_dot_gemm.cpp", CSRC / "key_search.cpp",
            CSRC / "q4_gemm.cpp", CSRC / "rms_norm.cpp", CSRC / "amx_blocks.cpp",
-           CSRC / "amx_bf16_blocks.cpp"]  # the module's translation units
+           CSRC / "amx_bf16_blocks.cpp", CSRC / "int8_head.cpp"]  # the module's translation units
 HEADERS = [CSRC / "skinny_kernels.h", CSRC / "simd.h", CSRC / "tree_attention_problem.h",
            CSRC / "tree_attention_avx2.h", CSRC / "tree_attention_lanes.h", CSRC / "topk_scan.h",
            CSRC / "block_layouts.h", CSRC / "amx_quads.h",
@@ -76,6 +76,11 @@ def has_bf16_dot() -> bool:
     return "avx512_bf16" in cpu_info().get("flags", "").split()
 
 
+def has_vnni() -> bool:
+    """True when the CPU reports AVX512-VNNI byte dot products and AVX512BW (csrc/int8_head.cpp)."""
+    return {"avx512_vnni", "avx512bw"} <= set(cpu_info().get("flags", "").split())
+
+
 def has_amx() -> bool:
     """True when the CPU reports AMX int8 tiles and the AVX-512 parts csrc/amx_blocks.cpp uses."""
     return set(AMX_FLAGS) <= set(cpu_info().get("flags", "").split())
@@ -92,7 +97,8 @@ def flags() -> list[str]:
     bf16 = ["-mavx512bf16"] if wide and has_bf16_dot() else []
     amx = ["-mavx512bw", "-mavx512vbmi", "-mavx512vnni", "-mbmi2", "-mamx-tile", "-mamx-int8"] if wide and has_amx() else []
     amx += ["-mamx-bf16"] if wide and has_amx_bf16() else []
-    return ["-O3", *ISA_FLAGS.get(isa() or "", []), *bf16, *amx, "-fopenmp"]
+    vnni = ["-mavx512bw", "-mavx512vnni"] if wide and has_vnni() and not has_amx() else []  # AMX's list has them
+    return ["-O3", *ISA_FLAGS.get(isa() or "", []), *bf16, *amx, *vnni, "-fopenmp"]
 
 
 @contextmanager

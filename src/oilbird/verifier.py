@@ -40,7 +40,8 @@ from oilbird.fly import FlyConfig, entropy, fly_walk
 from oilbird.gguf_weights import prefill_switch
 from oilbird.kernels import harvest_head
 from oilbird.kv_cache import TreeCache, compact_cache, new_cache
-from oilbird.lm_head import CertifiedHead, greedy_head, top_k_and_argmax
+from oilbird.int8_head import build_head, choose_head
+from oilbird.lm_head import top_k_and_argmax
 from oilbird.sampling import Sampler, calibration_terms, sample_walk, warped_probs
 from oilbird.skinny_gemm import topk as fast_topk
 from oilbird.tree import DraftTree
@@ -54,15 +55,15 @@ class VerifierConfig:
     top_k: int = 10
     """Top-k token ids exposed per node (the widest consumer, GOOSE's adjacency table, uses 10; Token Recycling reads the first 8)."""
     head: str = "auto"
-    """LM head of greedy verification: 'certified' (a bfloat16 copy, half the bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/lm_head.py), 'model' (the model's own), 'auto' (the model's own where it reads the GGUF's blocks, `BlockLinear`: float32 logits from 1.5 bytes a weight; whole forwards 4-8% faster than on the certified head at 1, 8 and 64 nodes, 1-2% slower at 16, docs/RESULTS.md, issue 15, stop 47; else certified where it applies: float32 on a CPU with our kernels, a supported model type). Sampling and FLy always use the model's."""
+    """LM head of greedy verification: 'int8' (the GGUF's Q8_0 head on int8 dot products, the inputs rounded to bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/int8_head.py), 'certified' (a bfloat16 copy, half the bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/lm_head.py), 'model' (the model's own), 'auto' (the model's own where it reads the GGUF's blocks, `BlockLinear`: float32 logits from 1.5 bytes a weight; whole forwards 4-8% faster than on the certified head at 1, 8 and 64 nodes, 1-2% slower at 16, docs/RESULTS.md, issue 15, stop 47; else certified where it applies: float32 on a CPU with our kernels, a supported model type; 'int8' before both where it applies: a Q8_0 head on a CPU with AVX512-VNNI). Sampling and FLy always use the model's."""
     harvest_dtype: str = "auto"
     """Dtype of the LM-head pass that harvests the prompt's top-k for drafters (GOOSE, Oilbird): draft material only, never what is verified. 'auto': bfloat16 on a CPU with bfloat16 GEMM (AVX-512 BF16 or AMX; about 3x faster than float32 there), else the model's; 'model': the model's own dtype."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.head not in ("auto", "certified", "model"):
-            raise ValueError(f"head must be 'auto', 'certified' or 'model', got {self.head!r}")
+        if self.head not in ("auto", "int8", "certified", "model"):
+            raise ValueError(f"head must be 'auto', 'int8', 'certified' or 'model', got {self.head!r}")
         if self.harvest_dtype not in ("auto", "model", "bfloat16", "float32"):
             raise ValueError(f"harvest_dtype must be 'auto', 'model', 'bfloat16' or 'float32', got {self.harvest_dtype!r}")
 
@@ -176,12 +177,12 @@ class TreeVerifier:
         skinny = getattr(model.config, "_attn_implementation", None) == SKINNY_ATTENTION
         self.cache_dtype = torch.float32 if skinny and self.dtype == torch.bfloat16 else None
         self._harvest = None  # the prefill harvest's LM head, built on first use
-        self._head = None  # greedy verification's CertifiedHead, built on first use
+        self._head = None  # greedy verification's Int8Head or CertifiedHead, built on first use
         switch = prefill_switch(model)  # prefills on another block kernel (ForwardConfig.prefill_kernel), or None
         self._prefilling, self.prefills_apart = (switch.prefilling, True) if switch else (nullcontext, False)
         # FLy's rule reads whole distributions: its forwards keep the model's head.
-        self.head_kind = "model" if fly is not None else greedy_head(model, self.config.head)
-        """Which LM head greedy forwards run: 'certified' or 'model'."""
+        self.head_kind = "model" if fly is not None else choose_head(model, self.config.head)
+        """Which LM head greedy forwards run: 'int8', 'certified' or 'model'."""
 
     def _hidden(self, out, layer: int | None) -> torch.Tensor | None:
         """The asked-for layer's states from a forward's output, [T, hidden], or None."""
@@ -347,20 +348,19 @@ class TreeVerifier:
     def _forward(self, inputs: dict, greedy: bool):
         """The forward of `verify`: (model output, [N, V] logits, [N, k] top-k ids and logits, [N] argmax).
 
-        Greedy forwards on the certified head run the decoder, take the logits from the bfloat16
-        copy (approximate; only FLy and sampling read them, and they run the model's head) and
-        the top-k and argmax certified in float32; the rest run the model's own head.
+        Greedy forwards on the int8 or certified head run the decoder, take approximate logits
+        from the head (only FLy and sampling read logits, and they run the model's head) and the
+        top-k and argmax certified in float32; the rest run the model's own head.
         """
-        if not greedy or self.head_kind != "certified":
+        if not greedy or self.head_kind == "model":
             out = self.model(**inputs)
             logits = out.logits[0]  # [N, V]
             return (out, logits, *top_k_and_argmax(logits, self.config.top_k))
         if self._head is None:
-            self._head = CertifiedHead(self.model.get_output_embeddings())
+            self._head = build_head(self.head_kind, self.model)
         out = self.model.get_decoder()(**inputs)
         final = out.last_hidden_state[0]  # [N, hidden], after the final norm
-        logits = self._head.logits(final)  # [N, V], bfloat16 weight
-        topk_logits, topk_ids, _ = self._head.topk(final, logits, self.config.top_k)  # [N, k], float32's
+        logits, topk_logits, topk_ids = self._head.greedy(final, self.config.top_k)  # [N, V] approximate; [N, k] float32's
         return out, logits, topk_ids, topk_logits, topk_ids[:, 0].clone()
 
     def _walk(self, tree: DraftTree, logits: torch.Tensor, preds: list[int], sampler: Sampler | None):

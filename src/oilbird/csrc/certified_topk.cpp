@@ -14,6 +14,8 @@
 //
 // Per row: one pass for the lower bounds and their k-th best (topk_scan.h), one for the candidates,
 // one dot product of length d per candidate. Threads: ATen's pool splits the rows.
+// `certified_topk_rows` takes each row's s itself, for heads whose bound is not c * ||h[n]||
+// (oilbird/int8_head.py: rounded inputs, s[n] from the rounding's own error).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -83,22 +85,28 @@ int64_t row_topk(const float* u, const float* h, const float* w, const float* no
 
 }  // namespace
 
-// u [N, V] approximate logits, h [N, d] hidden states, w [V, d] the float32 weight, norms [V] its
-// row norms (all float32, contiguous); c the error coefficient; 1 <= k <= V
-// -> (values [N, k] float32, ids [N, k], candidates [N]).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> certified_topk(
-    const torch::Tensor& u, const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& norms,
-    double c, int64_t k) {
-  TORCH_CHECK(u.dim() == 2 && h.dim() == 2 && w.dim() == 2 && norms.dim() == 1, "certified_topk: shapes");
+namespace {
+
+void check_inputs(const char* name, const torch::Tensor& u, const torch::Tensor& h, const torch::Tensor& w,
+                  const torch::Tensor& norms, int64_t k) {
+  TORCH_CHECK(u.dim() == 2 && h.dim() == 2 && w.dim() == 2 && norms.dim() == 1, name, ": shapes");
   TORCH_CHECK(u.scalar_type() == torch::kFloat32 && h.scalar_type() == torch::kFloat32 &&
               w.scalar_type() == torch::kFloat32 && norms.scalar_type() == torch::kFloat32,
-              "certified_topk: float32 tensors");
+              name, ": float32 tensors");
   TORCH_CHECK(u.is_contiguous() && h.is_contiguous() && w.is_contiguous() && norms.is_contiguous(),
-              "certified_topk: contiguous tensors");
+              name, ": contiguous tensors");
   const int64_t N = u.size(0), V = u.size(1), d = h.size(1);
   TORCH_CHECK(h.size(0) == N && w.size(0) >= V && w.size(1) == d && norms.size(0) >= V,
-              "certified_topk: u [N, V], h [N, d], w [V, d], norms [V]");
-  TORCH_CHECK(k >= 1 && k <= V, "certified_topk: k must be in [1, vocab]");
+              name, ": u [N, V], h [N, d], w [V, d], norms [V]");
+  TORCH_CHECK(k >= 1 && k <= V, name, ": k must be in [1, vocab]");
+}
+
+// Every row's top-k, row n with bound scale scale(n).
+template <typename Scale>
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> topk_all(const torch::Tensor& u, const torch::Tensor& h,
+                                                                 const torch::Tensor& w, const torch::Tensor& norms,
+                                                                 int64_t k, Scale scale) {
+  const int64_t N = u.size(0), V = u.size(1), d = h.size(1);
   auto vals = torch::empty({N, k}, u.options());
   auto ids = torch::empty({N, k}, u.options().dtype(torch::kLong));
   auto count = torch::empty({N}, u.options().dtype(torch::kLong));
@@ -107,12 +115,37 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> certified_topk(
   float* pv = vals.data_ptr<float>();
   int64_t *pi = ids.data_ptr<int64_t>(), *pc = count.data_ptr<int64_t>();
   at::parallel_for(0, N, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t n = r0; n < r1; ++n) {
-      double norm = 0;
-      for (int64_t i = 0; i < d; ++i) norm += double(ph[n * d + i]) * ph[n * d + i];
-      const float s = static_cast<float>(c * std::sqrt(norm) * (1 + 1e-6));  // rounded up
-      pc[n] = row_topk(pu + n * V, ph + n * d, pw, pn, V, d, s, k, pv + n * k, pi + n * k);
-    }
+    for (int64_t n = r0; n < r1; ++n)
+      pc[n] = row_topk(pu + n * V, ph + n * d, pw, pn, V, d, scale(n, ph + n * d), k, pv + n * k, pi + n * k);
   });
   return {vals, ids, count};
+}
+
+}  // namespace
+
+// u [N, V] approximate logits, h [N, d] hidden states, w [V, d] the float32 weight, norms [V] its
+// row norms (all float32, contiguous); c the error coefficient; 1 <= k <= V
+// -> (values [N, k] float32, ids [N, k], candidates [N]).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> certified_topk(
+    const torch::Tensor& u, const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& norms,
+    double c, int64_t k) {
+  check_inputs("certified_topk", u, h, w, norms, k);
+  const int64_t d = h.size(1);
+  return topk_all(u, h, w, norms, k, [c, d](int64_t, const float* row) {
+    double norm = 0;
+    for (int64_t i = 0; i < d; ++i) norm += double(row[i]) * row[i];
+    return static_cast<float>(c * std::sqrt(norm) * (1 + 1e-6));  // rounded up
+  });
+}
+
+// As certified_topk, with each row's bound scale given: |u[n, v] - exact[n, v]| <= s[n] * norms[v]
+// (s [N] float32, rounded up by the caller; NaN or infinite: the row keeps u's own order).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> certified_topk_rows(
+    const torch::Tensor& u, const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& norms,
+    const torch::Tensor& s, int64_t k) {
+  check_inputs("certified_topk_rows", u, h, w, norms, k);
+  TORCH_CHECK(s.dim() == 1 && s.size(0) == u.size(0) && s.scalar_type() == torch::kFloat32 && s.is_contiguous(),
+              "certified_topk_rows: s must be float32 [N]");
+  const float* ps = s.data_ptr<float>();
+  return topk_all(u, h, w, norms, k, [ps](int64_t n, const float*) { return ps[n]; });
 }
