@@ -86,15 +86,21 @@ def whole_forward_ab(loaded, rounds: int, prefix: int = 512) -> None:
               f"{plain / best['model'][1]:.2f} | {ours / best['certified'][1]:.2f} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def head_arguments(description: str, threads: int) -> argparse.ArgumentParser:
+    """The options a head measurement on real traffic takes (this script's and scripts/int8_head.py's)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--positions", type=int, default=64, help="rows per request (its last positions)")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=threads)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--top-k", type=int, default=10, help="the verifier's top-k (VerifierConfig.top_k)")
+    return parser
+
+
+def main() -> None:
+    parser = head_arguments(__doc__.split("\n\n")[0], threads=2)
     parser.add_argument("--rounds", type=int, default=10, help="alternating rounds of the whole-forward A/B")
     parser.add_argument("--prefix", type=int, default=512, help="the whole-forward A/B's cache length")
     parser.add_argument("--forwards-only", action="store_true", help="only the whole-forward A/B")

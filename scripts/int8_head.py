@@ -18,27 +18,17 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from attention_cost import fastest_ms  # scripts/ is on the path when run as a script
-from certified_head import final_hidden_rows
+from certified_head import final_hidden_rows, head_arguments
 
 from oilbird.int8_head import Int8Head, int8_head_unavailable
 from oilbird.lm_head import top_k_and_argmax
-from oilbird.models import DEFAULT_MODEL, load_model
+from oilbird.models import load_model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--requests", type=int, default=20)
-    parser.add_argument("--positions", type=int, default=64, help="rows per request (its last positions)")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--top-k", type=int, default=10, help="the verifier's top-k (VerifierConfig.top_k)")
-    args = parser.parse_args()
+    args = head_arguments(__doc__.split("\n\n")[0], threads=1).parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     model = loaded.tree_model()

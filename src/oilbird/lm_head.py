@@ -29,6 +29,8 @@ docs/RESULTS.md). Verification stays token-identical to float32 greedy decoding,
 read the same top-k as from the float32 head; the audit checks every output as always.
 
 Sampling and FLy's loose rule need whole float32 distributions and run the model's own head.
+`oilbird.int8_head` certifies the same way a head read from the GGUF's Q8_0 blocks on int8 dot
+products (the inputs rounded to bytes); greedy verification takes it first where it applies.
 
 It applies to float32 models on a CPU where our kernels build, whose head is a plain linear
 layer without bias of a model type whose forward applies it unchanged (`SUPPORTED_MODEL_TYPES`:
