@@ -79,7 +79,8 @@ def certified_head_unavailable(model: torch.nn.Module) -> str | None:
 
 
 def greedy_head(model: torch.nn.Module, want: str) -> str:
-    """Which head greedy verification runs on `model`: 'certified' or 'model'.
+    """Which of 'certified' and 'model' greedy verification runs on `model` (the verifier asks
+    `oilbird.int8_head.choose_head`, which takes 'int8' first where it applies, then this).
 
     Args:
         model: the verifier's model.
