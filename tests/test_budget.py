@@ -32,12 +32,32 @@ def test_gpu_like_flat_curve_prefers_the_largest_useful_tree():
 
 def test_exploration_probes_twice_the_best_budget_periodically():
     policy = AdaptiveBudget(CostCurve({1: 1.0, 64: 10.0}),
-                            BudgetConfig(mode="auto", grid="1,2,4,8,64", explore_every=3), max_budget=64)
+                            BudgetConfig(mode="auto", grid="1,2,4,8,64", explore_every=3,
+                                         explore_share=float("inf")), max_budget=64)
     assert policy.choose() == 64  # the first tree is the largest: it informs every size
     policy.observe(offered=64, tree_size=64, path=[])  # nothing accepted: best is the cheapest
     choices = [policy.choose() for _ in range(17)]
     probes = choices[1::3]  # every third forward probes up the ladder 2x, 4x, 8x, 16x... best
     assert probes == [2, 4, 8, 64, 2, 4] and set(choices) - set(probes) == {1}
+
+
+def test_probes_add_at_most_their_share_of_the_forward_time_on_a_steep_curve():
+    # A CPU-like curve: 64 nodes cost 9x one. Probes come only as the forwards at the best budget
+    # earn them, so what they add stays within explore_share of those forwards' time, and the
+    # large rungs come far more rarely than the small ones.
+    cpu = CostCurve({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0, 16: 3.0, 32: 5.0, 64: 9.0})
+    policy = AdaptiveBudget(cpu, BudgetConfig(mode="auto", grid="1,2,4,8,16,32,64", explore_every=4,
+                                              explore_share=0.1), max_budget=64)
+    policy.observe(offered=64, tree_size=64, path=[])  # nothing accepted: the best stays 1
+    choices = [policy.choose() for _ in range(2000)]
+    extra = sum(cpu.cost(b) - cpu.cost(1) for b in choices)
+    assert 0 < extra <= 0.1 * len(choices) * cpu.cost(1)  # within the share of the best's time
+    assert choices.count(2) > 5 * choices.count(64) > 0  # every rung is probed, the cheap ones more
+    # Without the allowance (the old cadence), every fourth forward probes whatever it costs.
+    free = AdaptiveBudget(cpu, BudgetConfig(mode="auto", grid="1,2,4,8,16,32,64", explore_every=4,
+                                            explore_share=float("inf")), max_budget=64)
+    free.observe(offered=64, tree_size=64, path=[])
+    assert sum(b > 1 for b in (free.choose() for _ in range(400))) == 100
 
 
 def test_the_ladder_gets_past_a_cost_step_that_stalls_a_one_step_climb():

@@ -14,9 +14,12 @@ on the machine as much as on the drafter: the policies here read the measured `C
   builds under a larger budget. From one verified tree of size N with accepted path c1 < c2 < ...
   we therefore know what every budget B <= N would have committed, 1 + #{leading path nodes with
   index < B}, and paid, cost(min(B, N)): a drafter that often has little to propose is not charged
-  for a full budget. Every `explore_every` forwards a larger budget is probed, in turn 2x, 4x, 8x,
-  ... the current best, so the estimate can climb as far as the acceptance pays for, and old
-  cycles decay so it follows the traffic.
+  for a full budget. Now and then a larger budget is probed, in turn 2x, 4x, 8x, ... the current
+  best, so the estimate can climb as far as the acceptance pays for, and old cycles decay so it
+  follows the traffic. Probes are paid from a time allowance (`explore_share` of the forwards at
+  the best budget): on a GPU's flat curve they cost nothing extra and come every `explore_every`
+  forwards; on a CPU, where a 64-node tree costs several one-token forwards, the large ones come
+  rarely instead of taking a fixed share of the forwards.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ class BudgetConfig:
     grid: str = "1,2,4,6,8,12,16,24,32,48,64,96,128"
     """Candidate budgets (nodes, root included) for 'auto'; capped by the loop's node budget."""
     explore_every: int = 8
-    """In 'auto', every N-th forward uses the largest candidate, keeping large-budget estimates fresh."""
+    """In 'auto', at most every N-th forward probes a budget above the best, keeping larger budgets' estimates fresh."""
+    explore_share: float = 0.05
+    """In 'auto', what probing may add to the forward time, as a share of the forwards at the best budget: a probe waits until the forwards since the last one have earned its extra cost (its curve cost less the best's). On a flat (GPU) curve probes come every `explore_every` forwards; on a steep (CPU) one the large probes come rarely."""
     decay: float = 0.995
     """Per-forward decay of past observations (1.0 = never forget)."""
     cost_prefix: int = 512
@@ -73,6 +78,8 @@ class BudgetConfig:
             raise ValueError(f"grid must list positive budgets, got {self.grid!r}")
         if self.explore_every < 1 or not 0 < self.decay <= 1:
             raise ValueError("explore_every must be >= 1 and decay in (0, 1]")
+        if not self.explore_share > 0:
+            raise ValueError(f"explore_share must be > 0, got {self.explore_share}")
         if self.recheck_tolerance <= 0:
             raise ValueError(f"recheck_tolerance must be > 0, got {self.recheck_tolerance}")
         if not 0 < self.recheck_faster < 1:
@@ -120,6 +127,9 @@ class AdaptiveBudget:
         self.forwards = 0
         self.observed = 0
         self.probes = 0
+        self.since_probe = 1  # forwards since the last probe (the first, largest tree is one)
+        self.credit = {b: 0.0 for b in self.sizes}  # seconds of probing each size has earned
+        self.last_probe = 0  # the size probed last: the next probe starts the ladder after it
 
     def rate(self, budget: int) -> float:
         """Expected committed tokens per second of forward time at `budget`."""
@@ -132,24 +142,42 @@ class AdaptiveBudget:
     def choose(self) -> int:
         """The budget for the next forward.
 
-        Every `explore_every`-th forward is a probe above the current best, taken in turn from
-        the ladder 2x, 4x, 8x, ... best (the next candidate at or above each). A probe informs
-        every budget up to its size. The ladder matters on a CPU, whose cost curve has steps
-        (2 tokens cost 1.6x one token, 8 tokens barely more than 2): probing only the next size
-        up would stall below the step, while probing the largest tree every time would cost 9x
-        a one-token forward per probe; on the ladder the large probes come rarely.
+        A probe goes above the current best, taken in turn from the ladder 2x, 4x, 8x, ... best
+        (the next candidate at or above each), and informs every budget up to its size. The
+        ladder matters on a CPU, whose cost curve has steps (2 tokens cost 1.6x one token, 8
+        tokens barely more than 2): probing only the next size up would stall below the step.
+        A probe comes at most every `explore_every` forwards; each rung of the ladder earns, per
+        forward, its share of `explore_share` of the best budget's cost and is probed once it
+        has earned its extra cost (its cost less the best's). So probing adds at most that share
+        to the forward time: on a flat (GPU) curve the rungs come in turn every `explore_every`
+        forwards, on a CPU a 64-node probe, at several one-token forwards, waits far longer than
+        a 16-node one. The rungs are tried in turn from the one after the last probed.
         """
         self.forwards += 1
         if self.observed == 0:  # the first tree is the largest: it informs every smaller size
             return self.sizes[-1]
         best = self.best()
-        if self.forwards % self.config.explore_every == 0:
-            ladder = list(dict.fromkeys(
-                next((b for b in self.sizes if b >= best * 2 ** k), self.sizes[-1])
-                for k in range(1, 1 + max(1, self.sizes[-1].bit_length()))))
-            ladder = [b for b in ladder if b > best] or [best]
-            self.probes += 1
-            return ladder[(self.probes - 1) % len(ladder)]
+        ladder = list(dict.fromkeys(
+            next((b for b in self.sizes if b >= best * 2 ** k), self.sizes[-1])
+            for k in range(1, 1 + max(1, self.sizes[-1].bit_length()))))
+        ladder = [b for b in ladder if b > best]
+        if not ladder:
+            return best
+        self.since_probe += 1
+        earned = self.config.explore_share * self.curve.cost(best) / len(ladder)
+        extra = {b: self.curve.cost(b) - self.curve.cost(best) for b in ladder}
+        for b in ladder:  # no more than one probe's worth each: no burst after a long wait
+            self.credit[b] = min(self.credit[b] + earned, max(extra[b], 0.0))
+        if self.since_probe <= self.config.explore_every - 1:
+            return best
+        start = next((i for i, b in enumerate(ladder) if b > self.last_probe), 0)
+        for probe in ladder[start:] + ladder[:start]:
+            if self.credit[probe] >= extra[probe]:
+                self.credit[probe] = 0.0
+                self.probes += 1
+                self.since_probe = 0
+                self.last_probe = probe
+                return probe
         return best
 
     def select(self, tree: DraftTree, context: str = "") -> list[int] | None:

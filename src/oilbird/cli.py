@@ -282,7 +282,7 @@ def _cost_parser(sub) -> None:
     _add_threads_arg(cost)
     # The curve is the same whatever the mode; only the measurement's fields are options here.
     add_config_args(cost, BudgetConfig, prefix="budget",
-                    exclude=("mode", "explore_every", "decay", "fit_context", "fit_objective",
+                    exclude=("mode", "explore_every", "explore_share", "decay", "fit_context", "fit_objective",
                              "fit_explore_every", "fit_explore_nodes"))
     add_config_args(cost, VerifierConfig, prefix="verifier")  # the options decoding runs with
     cost.set_defaults(func=cmd_cost)
