@@ -156,12 +156,16 @@ std::tuple<torch::Tensor, torch::Tensor> int8_head_logits(const torch::Tensor& x
   int32_t* pc = corr.data_ptr<int32_t>();
   for (int64_t n = 0; n < N; ++n) pb[n] = quantize_row(px + n * K, K, pa + n * K, ps + n * G, pc + n * G);
   const uint8_t* pw = packed.data_ptr<uint8_t>();
+  // Rows in passes of equal size (9 rows: 5 and 4, not 8 and 1): a pass of one or two rows is
+  // bound by its dot products' latency, not their throughput. A row's sums do not depend on its pass.
+  const int64_t passes = (N + kMaxRows - 1) / kMaxRows;
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
-      for (int64_t r0 = 0; r0 < N; r0 += kMaxRows) {
-        const int64_t R = std::min(kMaxRows, N - r0);
+      for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+        const int64_t R = N / passes + (p < N % passes);
         kBlockRows[R - 1](pw + b * G * kGroupBytes, pa + r0 * K, ps + r0 * G, pc + r0 * G, K, G,
                           pu + r0 * V + b * kTokens, V);
+        r0 += R;
       }
   });
 #else
