@@ -9,7 +9,7 @@ both compute the same bits, and times a whole forward's worth of the model's lin
 the int8 LM head's logits over the model's own Q8_0 blocks instead) for each row count,
 the two versions alternated and their order reversed every other round, fastest of `--repeats`.
 The floor column is the larger of the one-row time (the weights' bytes) and the multiply-adds at
-`--peak` G/s.
+`--peak` G/s (float32's; for `--part int8-head` only the one-row part is a floor).
 
 Usage:
   .venv/bin/python scripts/kernel_ab.py --variant /tmp/old/src/oilbird/csrc --threads 2

@@ -79,7 +79,8 @@ class BudgetConfig:
         if self.explore_every < 1 or not 0 < self.decay <= 1:
             raise ValueError("explore_every must be >= 1 and decay in (0, 1]")
         if not self.explore_share > 0:
-            raise ValueError(f"explore_share must be > 0, got {self.explore_share}")
+            raise ValueError(f"explore_share must be > 0 (a share of the forward time, e.g. 0.05; inf "
+                             f"probes every explore_every forwards whatever it costs), got {self.explore_share}")
         if self.recheck_tolerance <= 0:
             raise ValueError(f"recheck_tolerance must be > 0, got {self.recheck_tolerance}")
         if not 0 < self.recheck_faster < 1:
@@ -124,7 +125,6 @@ class AdaptiveBudget:
         # Seconds spent per forward at each budget. A drafter with nothing to say builds a tree
         # smaller than its budget and pays only for that, so the cost is learned, not cost(b).
         self.seconds = {b: PRIOR_WEIGHT * curve.cost(b) for b in self.sizes}
-        self.forwards = 0
         self.observed = 0
         self.probes = 0
         self.since_probe = 1  # forwards since the last probe (the first, largest tree is one)
@@ -153,7 +153,6 @@ class AdaptiveBudget:
         forwards, on a CPU a 64-node probe, at several one-token forwards, waits far longer than
         a 16-node one. The rungs are tried in turn from the one after the last probed.
         """
-        self.forwards += 1
         if self.observed == 0:  # the first tree is the largest: it informs every smaller size
             return self.sizes[-1]
         best = self.best()
@@ -168,7 +167,7 @@ class AdaptiveBudget:
         extra = {b: self.curve.cost(b) - self.curve.cost(best) for b in ladder}
         for b in ladder:  # no more than one probe's worth each: no burst after a long wait
             self.credit[b] = min(self.credit[b] + earned, max(extra[b], 0.0))
-        if self.since_probe <= self.config.explore_every - 1:
+        if self.since_probe < self.config.explore_every:
             return best
         start = next((i for i, b in enumerate(ladder) if b > self.last_probe), 0)
         for probe in ladder[start:] + ladder[:start]:
