@@ -1,0 +1,61 @@
+"""How large a run's verified trees were, per method, and what the large ones cost.
+
+From the records of `oilbird bench --out RUN` (`nodes_per_forward`, `forward_s_per_forward`):
+per method, its verification forwards, their mean node count, how many had at least `--large`
+nodes, the seconds those took and the seconds of all its forwards. Used for the 'auto' budget's
+probes (docs/RESULTS.md, issue 15, stop 55): the old cadence spent over a quarter of its forward time
+in trees of 32 nodes or more (28%).
+
+Usage:
+  .venv/bin/python scripts/tree_sizes.py docs/runs/issue15/stop55/auto-share-t2/share-inf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def tree_sizes(run: Path, large: int) -> dict[str, dict]:
+    """Method -> forwards, mean_nodes, large (forwards of >= `large` nodes), large_s, forward_s."""
+    out: dict[str, dict] = {}
+    for line in (run / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        nodes, seconds = record.get("nodes_per_forward"), record.get("forward_s_per_forward")
+        if not nodes or not seconds:  # the generate() reference keeps no forwards
+            continue
+        row = out.setdefault(record["method"], dict(forwards=0, nodes=0, large=0, large_s=0.0, forward_s=0.0))
+        for n, s in zip(nodes, seconds):
+            row["forwards"] += 1
+            row["nodes"] += n
+            row["forward_s"] += s
+            if n >= large:
+                row["large"] += 1
+                row["large_s"] += s
+    for row in out.values():
+        row["mean_nodes"] = row.pop("nodes") / row["forwards"]
+    return out
+
+
+def table(sizes: dict[str, dict], large: int) -> str:
+    lines = [f"| method | forwards | nodes per forward | forwards of >= {large} nodes | their s | all forward s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for method, r in sizes.items():
+        lines.append(f"| {method} | {r['forwards']} | {r['mean_nodes']:.1f} | {r['large']} | "
+                     f"{r['large_s']:.1f} | {r['forward_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", type=Path, help="an `oilbird bench --out` directory")
+    p.add_argument("--large", type=int, default=32, help="the node count from which a tree counts as large")
+    args = p.parse_args()
+    if not (args.run / "records.jsonl").is_file():
+        p.error(f"{args.run} holds no records.jsonl: pass an `oilbird bench --out` directory")
+    print(table(tree_sizes(args.run, args.large), args.large))
+
+
+if __name__ == "__main__":
+    main()
