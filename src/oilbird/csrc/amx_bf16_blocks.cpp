@@ -30,7 +30,7 @@
 // one-token forward 1.23x slower, its 16-node forward 0.85x: the flattest cost curve here, not the
 // fastest decoding, so not the default (`ForwardConfig.block_kernel`).
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

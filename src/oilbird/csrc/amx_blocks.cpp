@@ -24,7 +24,7 @@
 // integers. The OS must grant the process AMX's tile state (arch_prctl, once); amx_available()
 // says whether it was built and granted.
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

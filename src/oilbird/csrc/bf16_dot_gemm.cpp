@@ -15,7 +15,7 @@
 // Built only where the compiler is given -mavx512bf16 (oilbird/skinny_gemm.py adds it when the
 // CPU reports avx512_bf16); elsewhere `bf16_dot_available()` is false and nothing else here runs.
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

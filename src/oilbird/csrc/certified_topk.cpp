@@ -17,7 +17,7 @@
 // `certified_topk_rows` takes each row's s itself, for heads whose bound is not c * ||h[n]||
 // (oilbird/int8_head.py: rounded inputs, s[n] from the rounding's own error).
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -23,7 +23,7 @@
 // lines (line j: the 16 tokens' inputs 4j..4j+3, four bytes a token, vpdpbusd's order), then the
 // 16 tokens' d as float32. Threads: ATen's pool splits the blocks of 16 tokens.
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

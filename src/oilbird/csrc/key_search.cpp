@@ -16,7 +16,7 @@
 // at 32,768 records; scripts/retrieval_crossover.py). Order: descending; an exact tie keeps the
 // lower position first (so the result is deterministic across thread counts).
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -16,7 +16,7 @@
 //
 // AVX-512 only (q4_available() says whether it was built); elsewhere the float32 kernel serves.
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

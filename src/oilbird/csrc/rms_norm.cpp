@@ -11,7 +11,7 @@
 // beside it (the order of its sum is fixed), which a tree forward needs to give each node the
 // bits a one-token step gives it.
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

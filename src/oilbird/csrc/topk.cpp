@@ -11,7 +11,7 @@
 // displaces an earlier one), so the top-1 is the argmax as torch.argmax and transformers' greedy
 // decoding pick it (the lowest tied id).
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 #include <ATen/Parallel.h>
 
 #include <limits>

@@ -12,7 +12,7 @@
 //
 // Supported: head_dim 64 or 128, mask [N, S] additive float32 (finfo.min or -inf where masked).
 
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: half the parse time; only skinny_gemm.cpp binds to Python
 
 #include "tree_attention_avx2.h"
 #include "tree_attention_lanes.h"

@@ -17,7 +17,7 @@
 #pragma once
 
 #include <immintrin.h>
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
