@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from oilbird.drafters.registry import DRAFTERS
 from oilbird.errors import ConfigError
 from oilbird.integrations.vllm.adapter import EngineDrafter, StepRequest
 from oilbird.integrations.vllm.config import EngineDrafterConfig
+from oilbird.integrations.vllm.proposer import OilbirdProposer
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6]  # PLD finds "5 6" -> "7 8 5 6 7 9 ..." after the anchor 6
 
@@ -213,16 +215,24 @@ def test_a_calibrated_tenant_cut_to_nothing_is_probed_and_can_earn_its_way_back(
     engine = pld(length_policy="calibrated", calibration_context="none", explore_every=8, explore_drafts=2)
     warm = _serve_rejecting(engine, 0, 20)
     assert warm[0] == [8, 5, 6] and warm[-1] == []  # rejections cut the chain below min_reach
-    probes_before = engine.stats["t"].probes
+    probes_before = engine.floors["t"].probes
     later = _serve_rejecting(engine, 20, 27)
     drafted = [i for i, p in enumerate(later) if p]
     assert len(drafted) == 3 and all(later[i] == [8, 5] for i in drafted)  # probes of 2 drafts
     assert drafted[1] - drafted[0] == 9 and drafted[2] - drafted[1] == 9  # one in 9 steps
-    assert engine.stats["t"].probes - probes_before == 3
+    assert engine.floors["t"].probes - probes_before == 3
     # The traffic turns: the probes are accepted, and the estimates come back above min_reach.
     turned = _serve_rejecting(engine, 50, 60, accept=True)
     assert turned[-1] == [8, 5, 6]
     never = pld(length_policy="calibrated", calibration_context="none", explore_every=0)
     assert not any(_serve_rejecting(never, 0, 60)[20:])
+    # The server's metrics (`oilbird_probes_total`) read the floor's count, per tenant.
+    spec = SimpleNamespace(num_speculative_tokens=3)
+    proposer = OilbirdProposer(SimpleNamespace(additional_config={}, speculative_config=spec,
+                                               model_config=SimpleNamespace(max_model_len=64)))
+    proposer.engine = engine
+    assert proposer.stats()["t"]["probes"] == engine.floors["t"].probes >= 3
+    proposer.engine = never
+    assert proposer.stats()["t"]["probes"] == 0
     with pytest.raises(ConfigError, match="explore_every"):
         pld(explore_every=-1)

@@ -84,8 +84,6 @@ class TenantStats:
     """Draft tokens proposed and verified."""
     accepted: int = 0
     """Draft tokens accepted."""
-    probes: int = 0
-    """Chains proposed as exploration probes (EngineDrafterConfig.explore_every)."""
 
     @property
     def tau(self) -> float:
@@ -265,9 +263,8 @@ class EngineDrafter:
         """The chain of a step whose estimates cut every chain to nothing: none, except every
         `explore_every + 1`-th such step in a row of the tenant, whose best chain's first
         `explore_drafts` tokens are proposed whatever their estimates (a probe)."""
-        if not self._floor(tenant).probe_due():
+        if not self._floor(tenant).probe_due():  # counts the probe (the metrics read it there)
             return []
-        self.tenant_stats(tenant).probes += 1
         length = min(max_drafts, self.config.explore_drafts)
         return self._calibrator(tenant).choose(tree, length, 0.0, self._context(request_id))
 

@@ -93,14 +93,15 @@ class OilbirdProposer:
             pool_state.close()
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Per tenant: the drafting counters (`TenantStats` fields), `pool_bytes` and
-        `requests_in_flight`."""
+        """Per tenant: the drafting counters (`TenantStats` fields), `probes` (its exploration
+        floor's), `pool_bytes` and `requests_in_flight`."""
         drafter = self.engine.drafter
         out = {}
         for tenant, stats in self.engine.stats.items():
             in_flight = sum(state.tenant == tenant for state in drafter.requests.values())
-            out[tenant] = dict(vars(stats), pool_bytes=drafter.tenant_bytes(tenant),
-                               requests_in_flight=in_flight)
+            floor = self.engine.floors.get(tenant)
+            out[tenant] = dict(vars(stats), probes=floor.probes if floor is not None else 0,
+                               pool_bytes=drafter.tenant_bytes(tenant), requests_in_flight=in_flight)
         return out
 
     def finish(self, request_id: str) -> None:
