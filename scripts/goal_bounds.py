@@ -1,0 +1,99 @@
+"""What a speedup goal asks of a run's methods, from the run's own records: the prefill's ceiling,
+the speedup a flat cost curve would give, and the accepted length the goal needs.
+
+Every method of a run prefills the same prompts, and a speedup against `ar` counts the prefill in
+both times. So the prefill caps every method's speedup, whatever it drafts, and a goal G needs
+the decode (everything after the prefill) to be (ar's decode) / (ar's wall / G - the method's
+prefill) times faster than `ar`'s. From the records of `oilbird bench --out RUN` (`wall_s`,
+`prefill_s`, `forward_s`, `forwards`, `new_tokens`), pooled over the run's requests, per method:
+
+- speedup: ar's wall time / the method's (the run's tokens/s ratio: both commit the same tokens).
+- ceiling: ar's wall time / the method's prefill time: the speedup of a decode that cost nothing.
+- needed decode speedup: the decode speedup against `ar` that would reach the goal (inf: the
+  prefill alone is past it); beside it, the run's own decode speedup.
+- flat curve: the speedup if each of the method's verification forwards had cost `ar`'s mean
+  one-token forward (a GPU's curve, or the issue's goal curve at its limit), the drafter and the
+  bookkeeping as measured.
+- τ needed, flat: the accepted length that would reach the goal on that flat curve (inf: not even
+  a decode of no forwards at all would, given the prefill, drafter and bookkeeping as measured).
+
+Usage:
+  .venv/bin/python scripts/goal_bounds.py docs/runs/issue15/stop55/make-bench-clone --goal 2.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+_FIELDS = ("wall_s", "prefill_s", "forward_s", "forwards", "new_tokens")
+
+
+def totals(run: Path) -> dict[str, dict[str, float]]:
+    """Method -> the run's records summed over its requests (`_FIELDS`); the generate() reference,
+    which keeps no prefill time, is left out."""
+    out: dict[str, dict[str, float]] = {}
+    for line in (run / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("prefill_s") is None:
+            continue
+        row = out.setdefault(record["method"], dict.fromkeys(_FIELDS, 0.0))
+        for name in _FIELDS:
+            row[name] += record[name]
+    return out
+
+
+def bounds(sums: dict[str, dict[str, float]], goal: float) -> dict[str, dict[str, float]]:
+    """Method -> speedup, ceiling, decode_speedup, needed_decode, flat, tau, tau_needed (see the
+    module docstring). Raises KeyError when the run has no `ar` row."""
+    ar = sums["ar"]
+    ar_decode = ar["wall_s"] - ar["prefill_s"]
+    step = ar["forward_s"] / ar["forwards"]  # ar's mean one-token forward
+    target = ar["wall_s"] / goal  # the wall time that would make the goal
+    out = {}
+    for method, m in sums.items():
+        decode = m["wall_s"] - m["prefill_s"]
+        other = decode - m["forward_s"]  # drafter, bookkeeping and the loop's own time
+        room = target - m["prefill_s"]
+        flat_room = room - other
+        out[method] = dict(
+            speedup=ar["wall_s"] / m["wall_s"],
+            ceiling=ar["wall_s"] / m["prefill_s"],
+            decode_speedup=ar_decode / decode,
+            needed_decode=ar_decode / room if room > 0 else math.inf,
+            flat=ar["wall_s"] / (m["prefill_s"] + other + m["forwards"] * step),
+            tau=m["new_tokens"] / m["forwards"],
+            tau_needed=m["new_tokens"] * step / flat_room if flat_room > 0 else math.inf,
+        )
+    return out
+
+
+def table(rows: dict[str, dict[str, float]], goal: float) -> str:
+    lines = [f"| method | speedup | ceiling (prefill only) | decode speedup | needed for {goal:g}x | "
+             f"flat curve | τ | τ needed for {goal:g}x, flat |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for method, r in rows.items():
+        lines.append(f"| {method} | {r['speedup']:.2f}x | {r['ceiling']:.2f}x | {r['decode_speedup']:.2f}x | "
+                     f"{r['needed_decode']:.2f}x | {r['flat']:.2f}x | {r['tau']:.2f} | {r['tau_needed']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", type=Path, help="an `oilbird bench --out` directory with an `ar` row")
+    p.add_argument("--goal", type=float, default=2.0, help="the speedup against `ar` asked for")
+    args = p.parse_args()
+    if not (args.run / "records.jsonl").is_file():
+        p.error(f"{args.run} holds no records.jsonl: pass an `oilbird bench --out` directory")
+    if args.goal <= 1:
+        p.error(f"--goal must be above 1 (a speedup against `ar`), got {args.goal}")
+    sums = totals(args.run)
+    if "ar" not in sums:
+        p.error(f"{args.run} has no `ar` row: run `oilbird bench` with it (it is always measured unless left out)")
+    print(table(bounds(sums, args.goal), args.goal))
+
+
+if __name__ == "__main__":
+    main()
