@@ -3,15 +3,17 @@ instruction set they claim: a build failure falls back to PyTorch silently at ru
 tests are what notices it."""
 
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from torch.utils.cpp_extension import include_paths
 
-from oilbird.skinny_gemm import CSRC, ISA_FLAGS, SOURCES, flags, isa, skinny_available
+from oilbird.skinny_gemm import CSRC, SOURCES, flag_sets, flags, isa, skinny_available
 
 COMPILER = shutil.which(os.environ.get("CXX", "c++"))
 
@@ -22,27 +24,85 @@ def test_the_kernels_build_wherever_the_cpu_can_run_them():
     assert available or isa() is None, f"the CPU has {isa()} and a compiler, yet: {why}"
 
 
+def _closure(source: Path) -> str:
+    """The text of a source and of every header of ours it includes, directly or not."""
+    seen, todo, text = set(), [source], []
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        body = path.read_text()
+        text.append(body)
+        todo += [CSRC / name for name in re.findall(r'#include "([^"]+)"', body)]
+    return "\n".join(text)
+
+
+def _predefined(isa_flags: list[str]) -> frozenset[str]:
+    """The macros the compiler defines for these flags."""
+    done = subprocess.run([COMPILER, "-dM", "-E", "-x", "c++", *isa_flags, os.devnull],
+                          capture_output=True, text=True, check=True)
+    return frozenset(line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define "))
+
+
+def compile_jobs() -> dict[tuple[str, str], list[str]]:
+    """(flags, source) -> the flags to check the source with: each source once per distinct set of
+    the macros it tests (`#if defined(__AVX512BF16__)` ...) that some CPU's flags (`flag_sets`)
+    give it, leaving out the set this host builds with (the test above builds it). A source that
+    tests no macro the flags change is checked once; one that guards an AMX kernel is checked with
+    the AMX flags, whichever CPU runs the test."""
+    variants = [[f for f in flag_set if f != "-O3"] for flag_set in flag_sets()]
+    host = [f for f in flags() if f != "-O3"] if isa() else None
+    defined = {" ".join(v): _predefined(v) for v in variants + ([host] if host else [])}
+    jobs = {}
+    for source in SOURCES:
+        tested = set(re.findall(r"__[A-Z0-9_]+__", _closure(source)))
+        done = {defined[" ".join(host)] & tested} if host else set()
+        for variant in variants:
+            key = defined[" ".join(variant)] & tested
+            if key not in done:
+                done.add(key)
+                jobs[(" ".join(variant), source.name)] = variant
+    return jobs
+
+
 @pytest.mark.skipif(COMPILER is None, reason="no C++ compiler here: the kernels are optional and fall back")
 def test_every_source_compiles_for_the_instruction_sets_this_host_does_not_build():
-    """The AVX2 build, the AVX-512 build and the AVX-512 build with bfloat16 dot products
-    (csrc/bf16_dot_gemm.cpp) all compile, whichever this host runs (a kernel written for one
-    width once broke the other's build); the host's own is built by the test above."""
+    """Every source compiles with the flags of every CPU kind (AVX2; AVX-512 with or without
+    bfloat16 dot products and VNNI; AMX), whichever this host runs (a kernel written for one width
+    once broke the other's build); the host's own build is the test above's. Only the code a
+    source's own `#if`s select can differ between flag sets, so each source is checked once per
+    distinct selection (`compile_jobs`)."""
     headers = [*include_paths(), sysconfig.get_paths()["include"], str(CSRC)]  # PyTorch's, Python's, ours
     includes = [f"-I{path}" for path in headers]
-    variants = [ISA_FLAGS["AVX2"], ISA_FLAGS["AVX512"], [*ISA_FLAGS["AVX512"], "-mavx512bf16"]]
-    host = [f for f in flags() if f not in ("-O3", "-fopenmp")] if isa() else None
-    others = {" ".join(f): f for f in variants if f != host}
-    commands = {(name, source.name): [COMPILER, "-fsyntax-only", "-std=c++17", "-fopenmp", *isa_flags, *includes,
-                                      str(source)]
-                for name, isa_flags in others.items() for source in SOURCES}
+    commands = {job: [COMPILER, "-fsyntax-only", "-std=c++17", *isa_flags, *includes, str(CSRC / job[1])]
+                for job, isa_flags in compile_jobs().items()}
 
     def compile_errors(command: list[str]) -> str | None:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
         return done.stdout[-2000:] if done.returncode else None
 
-    # As many compilers at once as cores: each holds ~0.9 GB (PyTorch's headers), and sixteen at
+    # As many compilers at once as cores: each holds ~0.7 GB (PyTorch's headers), and sixteen at
     # once beside the other test worker filled a 23 GB host's memory and stalled the suite.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         errors = dict(zip(commands, pool.map(compile_errors, commands.values())))
     failed = {job: error for job, error in errors.items() if error is not None}
     assert not failed, failed
+
+
+@pytest.mark.skipif(COMPILER is None, reason="no C++ compiler here: the kernels are optional and fall back")
+def test_every_kernel_is_checked_under_the_flags_that_compile_it():
+    """The AMX, VNNI and bfloat16 kernels are compiled with their instruction sets on any host; a
+    source that tests only the vector width is checked once per width at most."""
+    jobs = compile_jobs()
+    checked = {source: [flag_set.split() for flag_set, name in jobs if name == source] for source in
+               {name for _, name in jobs}}
+    assert any("-mamx-int8" in f for f in checked["amx_blocks.cpp"])
+    assert any("-mamx-bf16" in f and "-mavx512bf16" in f for f in checked["amx_bf16_blocks.cpp"])
+    host_has = set(flags()) if isa() else set()
+    if "-mavx512vnni" not in host_has:
+        assert any("-mavx512vnni" in f for f in checked["int8_head.cpp"])
+    if "-mavx512bf16" not in host_has:
+        assert any("-mavx512bf16" in f for f in checked["bf16_dot_gemm.cpp"])
+    assert len(checked.get("q4_gemm.cpp", [])) <= 2  # AVX2 and AVX-512: its #ifs test nothing else
+    assert len(jobs) < len(SOURCES) * len(flag_sets())

@@ -23,6 +23,7 @@ verifier uses oneDNN and PyTorch's SDPA instead (`oilbird.kernels.resolve_gemm`,
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 from contextlib import contextmanager
@@ -91,14 +92,34 @@ def has_amx_bf16() -> bool:
     return has_amx() and set(AMX_BF16_FLAGS) <= set(cpu_info().get("flags", "").split())
 
 
+def flags_for(isa_name: str | None, bf16: bool = False, vnni: bool = False, amx: bool = False,
+              amx_bf16: bool = False) -> list[str]:
+    """The compiler flags for a CPU of instruction set `isa_name` ('AVX512', 'AMX', 'AVX2') with
+    the named extensions (`has_bf16_dot`, `has_vnni`, `has_amx`, `has_amx_bf16`); the extensions
+    count only where the set is AVX-512 wide."""
+    wide = isa_name in ("AVX512", "AMX")
+    bf16_flags = ["-mavx512bf16"] if wide and bf16 else []
+    amx_flags = ["-mavx512bw", "-mavx512vbmi", "-mavx512vnni", "-mbmi2", "-mamx-tile", "-mamx-int8"] if wide and amx else []
+    amx_flags += ["-mamx-bf16"] if wide and amx and amx_bf16 else []
+    vnni_flags = ["-mavx512bw", "-mavx512vnni"] if wide and vnni and not amx else []  # AMX's list has them
+    return ["-O3", *ISA_FLAGS.get(isa_name or "", []), *bf16_flags, *amx_flags, *vnni_flags, "-fopenmp"]
+
+
 def flags() -> list[str]:
     """The compiler flags for this CPU (the kernels are built only where `isa()` is not None)."""
-    wide = isa() in ("AVX512", "AMX")
-    bf16 = ["-mavx512bf16"] if wide and has_bf16_dot() else []
-    amx = ["-mavx512bw", "-mavx512vbmi", "-mavx512vnni", "-mbmi2", "-mamx-tile", "-mamx-int8"] if wide and has_amx() else []
-    amx += ["-mamx-bf16"] if wide and has_amx_bf16() else []
-    vnni = ["-mavx512bw", "-mavx512vnni"] if wide and has_vnni() and not has_amx() else []  # AMX's list has them
-    return ["-O3", *ISA_FLAGS.get(isa() or "", []), *bf16, *amx, *vnni, "-fopenmp"]
+    return flags_for(isa(), has_bf16_dot(), has_vnni(), has_amx(), has_amx_bf16())
+
+
+def flag_sets() -> list[list[str]]:
+    """Every distinct list of flags `flags()` gives on some CPU, in a fixed order (what the build
+    test compiles the sources with, so a kernel for a CPU this host is not gets compiled too)."""
+    out: list[list[str]] = []
+    for isa_name in ISA_FLAGS:
+        for bf16, vnni, amx, amx_bf16 in itertools.product((False, True), repeat=4):
+            candidate = flags_for(isa_name, bf16, vnni, amx, amx_bf16)
+            if candidate not in out:
+                out.append(candidate)
+    return out
 
 
 @contextmanager
