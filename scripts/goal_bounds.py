@@ -23,10 +23,10 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from pathlib import Path
+
+from run_records import check_run, markdown, records, run_parser
 
 _FIELDS = ("wall_s", "prefill_s", "forward_s", "forwards", "new_tokens")
 
@@ -35,8 +35,7 @@ def totals(run: Path) -> dict[str, dict[str, float]]:
     """Method -> the run's records summed over its requests (`_FIELDS`); the generate() reference,
     which keeps no prefill time, is left out."""
     out: dict[str, dict[str, float]] = {}
-    for line in (run / "records.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in records(run):
         if record.get("prefill_s") is None:
             continue
         row = out.setdefault(record["method"], dict.fromkeys(_FIELDS, 0.0))
@@ -71,22 +70,18 @@ def bounds(sums: dict[str, dict[str, float]], goal: float) -> dict[str, dict[str
 
 
 def table(rows: dict[str, dict[str, float]], goal: float) -> str:
-    lines = [f"| method | speedup | ceiling (prefill only) | decode speedup | needed for {goal:g}x | "
-             f"flat curve | τ | τ needed for {goal:g}x, flat |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for method, r in rows.items():
-        lines.append(f"| {method} | {r['speedup']:.2f}x | {r['ceiling']:.2f}x | {r['decode_speedup']:.2f}x | "
-                     f"{r['needed_decode']:.2f}x | {r['flat']:.2f}x | {r['tau']:.2f} | {r['tau_needed']:.2f} |")
-    return "\n".join(lines)
+    header = ["method", "speedup", "ceiling (prefill only)", "decode speedup", f"needed for {goal:g}x",
+              "flat curve", "τ", f"τ needed for {goal:g}x, flat"]
+    return markdown(header, [[method, f"{r['speedup']:.2f}x", f"{r['ceiling']:.2f}x", f"{r['decode_speedup']:.2f}x",
+                              f"{r['needed_decode']:.2f}x", f"{r['flat']:.2f}x", f"{r['tau']:.2f}",
+                              f"{r['tau_needed']:.2f}"] for method, r in rows.items()])
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", type=Path, help="an `oilbird bench --out` directory with an `ar` row")
+    p = run_parser(__doc__, "an `oilbird bench --out` directory with an `ar` row")
     p.add_argument("--goal", type=float, default=2.0, help="the speedup against `ar` asked for")
     args = p.parse_args()
-    if not (args.run / "records.jsonl").is_file():
-        p.error(f"{args.run} holds no records.jsonl: pass an `oilbird bench --out` directory")
+    check_run(p, args.run)
     if args.goal <= 1:
         p.error(f"--goal must be above 1 (a speedup against `ar`), got {args.goal}")
     sums = totals(args.run)

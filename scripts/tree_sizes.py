@@ -12,16 +12,15 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
+
+from run_records import check_run, markdown, records, run_parser
 
 
 def tree_sizes(run: Path, large: int) -> dict[str, dict]:
     """Method -> forwards, mean_nodes, large (forwards of >= `large` nodes), large_s, forward_s."""
     out: dict[str, dict] = {}
-    for line in (run / "records.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in records(run):
         nodes, seconds = record.get("nodes_per_forward"), record.get("forward_s_per_forward")
         if not nodes or not seconds:  # the generate() reference keeps no forwards
             continue
@@ -39,21 +38,16 @@ def tree_sizes(run: Path, large: int) -> dict[str, dict]:
 
 
 def table(sizes: dict[str, dict], large: int) -> str:
-    lines = [f"| method | forwards | nodes per forward | forwards of >= {large} nodes | their s | all forward s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for method, r in sizes.items():
-        lines.append(f"| {method} | {r['forwards']} | {r['mean_nodes']:.1f} | {r['large']} | "
-                     f"{r['large_s']:.1f} | {r['forward_s']:.1f} |")
-    return "\n".join(lines)
+    header = ["method", "forwards", "nodes per forward", f"forwards of >= {large} nodes", "their s", "all forward s"]
+    return markdown(header, [[method, str(r["forwards"]), f"{r['mean_nodes']:.1f}", str(r["large"]),
+                              f"{r['large_s']:.1f}", f"{r['forward_s']:.1f}"] for method, r in sizes.items()])
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", type=Path, help="an `oilbird bench --out` directory")
+    p = run_parser(__doc__)
     p.add_argument("--large", type=int, default=32, help="the node count from which a tree counts as large")
     args = p.parse_args()
-    if not (args.run / "records.jsonl").is_file():
-        p.error(f"{args.run} holds no records.jsonl: pass an `oilbird bench --out` directory")
+    check_run(p, args.run)
     print(table(tree_sizes(args.run, args.large), args.large))
 
 
