@@ -13,8 +13,8 @@ The measurements: `scripts/forward_cost.py`, docs/RESULTS.md.
 
 The module is C++ written once against a few vector operations (`csrc/simd.h`) and compiled for
 the widest instruction set the CPU has, AVX-512 or AVX2 with FMA, by `torch.utils.cpp_extension`
-the first time a process asks for it (30-60 s; cached in the oilbird cache directory, keyed by the
-sources, the PyTorch version and the compiler flags). It needs such a CPU, a C++ compiler and
+the first time a process asks for it (about 90 s on two Zen 4 cores; cached in the oilbird cache
+directory, keyed by the sources, the PyTorch version and the compiler flags). It needs such a CPU, a C++ compiler and
 ninja (the `ninja` package is a dependency); where any is missing `skinny_available()` says why and the
 verifier uses oneDNN and PyTorch's SDPA instead (`oilbird.kernels.resolve_gemm`,
 `resolve_attention`).
