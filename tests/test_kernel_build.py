@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from torch.utils.cpp_extension import include_paths
 
-from oilbird.skinny_gemm import CSRC, SOURCES, flag_sets, flags, isa, skinny_available
+from oilbird.skinny_gemm import CSRC, SOURCES, flag_sets, flags, flags_for, isa, skinny_available
 
 COMPILER = shutil.which(os.environ.get("CXX", "c++"))
 
@@ -45,14 +45,19 @@ def _predefined(isa_flags: list[str]) -> frozenset[str]:
     return frozenset(line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define "))
 
 
-def compile_jobs() -> dict[tuple[str, str], list[str]]:
+def host_flags() -> list[str] | None:
+    """The flags this host builds the kernels with (None: it builds none)."""
+    return flags() if isa() else None
+
+
+def compile_jobs(host: list[str] | None) -> dict[tuple[str, str], list[str]]:
     """(flags, source) -> the flags to check the source with: each source once per distinct set of
     the macros it tests (`#if defined(__AVX512BF16__)` ...) that some CPU's flags (`flag_sets`)
-    give it, leaving out the set this host builds with (the test above builds it). A source that
-    tests no macro the flags change is checked once; one that guards an AMX kernel is checked with
-    the AMX flags, whichever CPU runs the test."""
+    give it, leaving out the set the host builds with (`host`; the test above builds it). A
+    source that tests no macro the flags change is checked once; one that guards an AMX kernel is
+    checked with the AMX flags, whichever CPU runs the test."""
     variants = [[f for f in flag_set if f != "-O3"] for flag_set in flag_sets()]
-    host = [f for f in flags() if f != "-O3"] if isa() else None
+    host = [f for f in host if f != "-O3"] if host else None
     defined = {" ".join(v): _predefined(v) for v in variants + ([host] if host else [])}
     jobs = {}
     for source in SOURCES:
@@ -76,7 +81,7 @@ def test_every_source_compiles_for_the_instruction_sets_this_host_does_not_build
     headers = [*include_paths(), sysconfig.get_paths()["include"], str(CSRC)]  # PyTorch's, Python's, ours
     includes = [f"-I{path}" for path in headers]
     commands = {job: [COMPILER, "-fsyntax-only", "-std=c++17", *isa_flags, *includes, str(CSRC / job[1])]
-                for job, isa_flags in compile_jobs().items()}
+                for job, isa_flags in compile_jobs(host_flags()).items()}
 
     def compile_errors(command: list[str]) -> str | None:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
@@ -91,18 +96,22 @@ def test_every_source_compiles_for_the_instruction_sets_this_host_does_not_build
 
 
 @pytest.mark.skipif(COMPILER is None, reason="no C++ compiler here: the kernels are optional and fall back")
-def test_every_kernel_is_checked_under_the_flags_that_compile_it():
-    """The AMX, VNNI and bfloat16 kernels are compiled with their instruction sets on any host; a
-    source that tests only the vector width is checked once per width at most."""
-    jobs = compile_jobs()
-    checked = {source: [flag_set.split() for flag_set, name in jobs if name == source] for source in
-               {name for _, name in jobs}}
-    assert any("-mamx-int8" in f for f in checked["amx_blocks.cpp"])
-    assert any("-mamx-bf16" in f and "-mavx512bf16" in f for f in checked["amx_bf16_blocks.cpp"])
-    host_has = set(flags()) if isa() else set()
-    if "-mavx512vnni" not in host_has:
-        assert any("-mavx512vnni" in f for f in checked["int8_head.cpp"])
-    if "-mavx512bf16" not in host_has:
-        assert any("-mavx512bf16" in f for f in checked["bf16_dot_gemm.cpp"])
-    assert len(checked.get("q4_gemm.cpp", [])) <= 2  # AVX2 and AVX-512: its #ifs test nothing else
+@pytest.mark.parametrize("host", ["this host", "AMX", "AVX-512 with VNNI", "AVX2", "none"])
+def test_every_kernel_is_checked_under_the_flags_that_compile_it(host):
+    """The AMX, VNNI and bfloat16 kernels are compiled with their instruction sets whatever the
+    host (by its own build or by a check); a source that tests only the vector width is checked
+    once per width at most."""
+    built = {"this host": host_flags(), "AMX": flags_for("AMX", True, True, True, True),
+             "AVX-512 with VNNI": flags_for("AVX512", vnni=True), "AVX2": flags_for("AVX2"), "none": None}[host]
+    jobs = compile_jobs(built)
+
+    def compiled_with(source: str, *wanted: str) -> bool:
+        return set(wanted) <= set(built or []) or any(set(wanted) <= set(f.split()) for f, name in jobs if name == source)
+
+    assert compiled_with("amx_blocks.cpp", "-mamx-tile", "-mamx-int8")
+    assert compiled_with("amx_bf16_blocks.cpp", "-mamx-bf16", "-mavx512bf16")
+    assert compiled_with("int8_head.cpp", "-mavx512vnni", "-mavx512bw")
+    assert compiled_with("bf16_dot_gemm.cpp", "-mavx512bf16")
+    # q4_gemm.cpp's #ifs test the vector width only: AVX2 and AVX-512, one of them the host's build.
+    assert sum(name == "q4_gemm.cpp" for _, name in jobs) == (2 if built is None else 1)
     assert len(jobs) < len(SOURCES) * len(flag_sets())
