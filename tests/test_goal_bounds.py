@@ -54,3 +54,25 @@ def test_the_command_refuses_a_run_it_cannot_bound(tmp_path):
     _run(tmp_path, [_record("oilbird", 7.0, 4.0, 2.5, 10, 40)])
     assert "has no `ar` row" in run(tmp_path).stderr
     assert "--goal must be above 1" in run(tmp_path, "--goal", "0.5").stderr
+    assert "--curve: curve point '8'" in run(tmp_path, "--curve", "8").stderr
+
+
+def test_a_curve_prices_each_forward_by_its_nodes(tmp_path):
+    curve = goal_bounds.parse_curve("8:1.3,16:1.6")
+    assert curve == [(1, 1.0), (8, 1.3), (16, 1.6)]
+    assert goal_bounds.curve_cost(curve, 1) == 1.0 and goal_bounds.curve_cost(curve, 12) == pytest.approx(1.45)
+    assert goal_bounds.curve_cost(curve, 24) == pytest.approx(1.9)  # past the last point, along its segment
+    assert goal_bounds.curve_cost([(1, 1.0)], 64) == 1.0  # flat
+    # ar: 20 one-token forwards of 0.1 s. The method: 4 forwards of 8 nodes and 2 of 16.
+    ar = dict(_record("ar", 5.0, 2.0, 2.0, 20, 20), nodes_per_forward=[1] * 20)
+    method = dict(_record("oilbird", 4.0, 2.0, 1.5, 6, 20), nodes_per_forward=[8, 8, 8, 8, 16, 16])
+    sums = goal_bounds.totals(_run(tmp_path, [ar, method]), curve)
+    assert sums["oilbird"]["curve_steps"] == pytest.approx(4 * 1.3 + 2 * 1.6)
+    rows = goal_bounds.bounds(sums, goal=2.0)
+    assert rows["oilbird"]["on_curve"] == pytest.approx(5 / (2 + 0.5 + 8.4 * 0.1))
+    assert rows["ar"]["on_curve"] == pytest.approx(1.0)
+    assert "on the curve" in goal_bounds.table(rows, 2.0)
+    assert "on the curve" not in goal_bounds.table(goal_bounds.bounds(goal_bounds.totals(tmp_path), 2.0), 2.0)
+    for bad in ("8", "8:x", "1:1.2", "16:1.6,8:1.3", "8:0.5"):
+        with pytest.raises(ValueError, match="expected n:t"):
+            goal_bounds.parse_curve(bad)
