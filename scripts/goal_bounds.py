@@ -12,8 +12,7 @@ prefill) times faster than `ar`'s. From the records of `oilbird bench --out RUN`
 - needed decode speedup: the decode speedup against `ar` that would reach the goal (inf: the
   prefill alone is past it); beside it, the run's own decode speedup.
 - flat curve: the speedup if each of the method's verification forwards had cost `ar`'s mean
-  one-token forward (a GPU's curve, or the issue's goal curve at its limit), the drafter and the
-  bookkeeping as measured.
+  one-token forward (a GPU's curve at its limit), the drafter and the bookkeeping as measured.
 - τ needed, flat: the accepted length that would reach the goal on that flat curve (inf: not even
   a decode of no forwards at all would, given the prefill, drafter and bookkeeping as measured).
 - on the curve (with `--curve`): the speedup if each forward of n nodes had cost the given
@@ -29,9 +28,8 @@ Usage:
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-from run_records import check_run, markdown, records, run_parser
+from run_records import load, markdown, run_parser
 
 _FIELDS = ("wall_s", "prefill_s", "forward_s", "forwards", "new_tokens")
 
@@ -68,11 +66,11 @@ def curve_cost(points: list[tuple[int, float]], nodes: int) -> float:
     return t1 + (t1 - t0) * (nodes - n1) / (n1 - n0)
 
 
-def totals(run: Path, curve: list[tuple[int, float]] | None = None) -> dict[str, dict[str, float]]:
-    """Method -> the run's records summed over its requests (`_FIELDS`, and with `curve` its
+def totals(records: list[dict], curve: list[tuple[int, float]] | None = None) -> dict[str, dict[str, float]]:
+    """Method -> a run's records summed over its requests (`_FIELDS`, and with `curve` its
     forwards' `curve_steps`); the generate() reference, which keeps no prefill time, is left out."""
     out: dict[str, dict[str, float]] = {}
-    for record in records(run):
+    for record in records:
         if record.get("prefill_s") is None:
             continue
         row = out.setdefault(record["method"], dict.fromkeys(_FIELDS, 0.0))
@@ -84,13 +82,18 @@ def totals(run: Path, curve: list[tuple[int, float]] | None = None) -> dict[str,
     return out
 
 
+def _ratio(a: float, b: float) -> float:
+    """a / b, or inf where there is nothing to divide by (no prefill time, no forwards, no room)."""
+    return a / b if b > 0 else math.inf
+
+
 def bounds(sums: dict[str, dict[str, float]], goal: float) -> dict[str, dict[str, float]]:
     """Method -> speedup, ceiling, decode_speedup, needed_decode, flat, tau, tau_needed, and
     on_curve where `sums` has curve_steps (see the module docstring). Raises KeyError when the run
     has no `ar` row."""
     ar = sums["ar"]
     ar_decode = ar["wall_s"] - ar["prefill_s"]
-    step = ar["forward_s"] / ar["forwards"]  # ar's mean one-token forward
+    step = _ratio(ar["forward_s"], ar["forwards"])  # ar's mean one-token forward
     target = ar["wall_s"] / goal  # the wall time that would make the goal
     out = {}
     for method, m in sums.items():
@@ -99,16 +102,16 @@ def bounds(sums: dict[str, dict[str, float]], goal: float) -> dict[str, dict[str
         room = target - m["prefill_s"]
         flat_room = room - other
         out[method] = dict(
-            speedup=ar["wall_s"] / m["wall_s"],
-            ceiling=ar["wall_s"] / m["prefill_s"],
-            decode_speedup=ar_decode / decode,
-            needed_decode=ar_decode / room if room > 0 else math.inf,
-            flat=ar["wall_s"] / (m["prefill_s"] + other + m["forwards"] * step),
-            tau=m["new_tokens"] / m["forwards"],
-            tau_needed=m["new_tokens"] * step / flat_room if flat_room > 0 else math.inf,
+            speedup=_ratio(ar["wall_s"], m["wall_s"]),
+            ceiling=_ratio(ar["wall_s"], m["prefill_s"]),
+            decode_speedup=_ratio(ar_decode, decode),
+            needed_decode=_ratio(ar_decode, room),
+            flat=_ratio(ar["wall_s"], m["prefill_s"] + other + m["forwards"] * step),
+            tau=_ratio(m["new_tokens"], m["forwards"]),
+            tau_needed=_ratio(m["new_tokens"] * step, flat_room),
         )
         if "curve_steps" in m:
-            out[method]["on_curve"] = ar["wall_s"] / (m["prefill_s"] + other + m["curve_steps"] * step)
+            out[method]["on_curve"] = _ratio(ar["wall_s"], m["prefill_s"] + other + m["curve_steps"] * step)
     return out
 
 
@@ -131,14 +134,13 @@ def main() -> None:
                    help="also price each forward of n nodes at this curve's t(n) one-token forwards "
                         "(e.g. issue 15's goals: 8:1.3,16:1.6,64:3.5)")
     args = p.parse_args()
-    check_run(p, args.run)
     if args.goal <= 1:
         p.error(f"--goal must be above 1 (a speedup against `ar`), got {args.goal}")
     try:
         curve = parse_curve(args.curve) if args.curve else None
     except ValueError as err:
         p.error(f"--curve: {err}")
-    sums = totals(args.run, curve)
+    sums = totals(load(p, args.run), curve)
     if "ar" not in sums:
         p.error(f"{args.run} has no `ar` row: run `oilbird bench` with it (it is always measured unless left out)")
     print(table(bounds(sums, args.goal), args.goal))

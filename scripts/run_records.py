@@ -1,12 +1,13 @@
 """What the scripts that read an `oilbird bench --out RUN` directory share: the command line's
-run argument, its records and a markdown table."""
+run argument, its records (`oilbird.tables.read_records`, with its errors) and a markdown table."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-from typing import Iterator
+
+from oilbird.errors import DatasetError
+from oilbird.tables import read_records
 
 
 def run_parser(doc: str, what: str = "an `oilbird bench --out` directory") -> argparse.ArgumentParser:
@@ -16,16 +17,13 @@ def run_parser(doc: str, what: str = "an `oilbird bench --out` directory") -> ar
     return parser
 
 
-def check_run(parser: argparse.ArgumentParser, run: Path) -> None:
-    """Exit with the parser's usage error unless `run` holds a records.jsonl."""
-    if not (run / "records.jsonl").is_file():
-        parser.error(f"{run} holds no records.jsonl: pass an `oilbird bench --out` directory")
-
-
-def records(run: Path) -> Iterator[dict]:
-    """The run's records, one per request and method (the generate() reference's included)."""
-    for line in (run / "records.jsonl").read_text().splitlines():
-        yield json.loads(line)
+def load(parser: argparse.ArgumentParser, run: Path) -> list[dict]:
+    """The run's records, or the parser's usage error saying what is wrong with the directory
+    (none there, an empty or damaged file)."""
+    try:
+        return read_records(run)
+    except DatasetError as err:
+        parser.error(str(err))
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:

@@ -12,15 +12,14 @@ Usage:
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from run_records import check_run, markdown, records, run_parser
+from run_records import load, markdown, run_parser
 
 
-def tree_sizes(run: Path, large: int) -> dict[str, dict]:
+def tree_sizes(records: list[dict], large: int) -> dict[str, dict]:
     """Method -> forwards, mean_nodes, large (forwards of >= `large` nodes), large_s, forward_s."""
     out: dict[str, dict] = {}
-    for record in records(run):
+    for record in records:
         nodes, seconds = record.get("nodes_per_forward"), record.get("forward_s_per_forward")
         if not nodes or not seconds:  # the generate() reference keeps no forwards
             continue
@@ -47,8 +46,7 @@ def main() -> None:
     p = run_parser(__doc__)
     p.add_argument("--large", type=int, default=32, help="the node count from which a tree counts as large")
     args = p.parse_args()
-    check_run(p, args.run)
-    print(table(tree_sizes(args.run, args.large), args.large))
+    print(table(tree_sizes(load(p, args.run), args.large), args.large))
 
 
 if __name__ == "__main__":
