@@ -260,6 +260,7 @@ def main(argv=None) -> int:
     if ours.worker:
         return child(ours.worker, Path(ours.io), args)
     vllm_records.source_state()  # the code as the run starts (cached for the report)
+    vllm_records.build_kernels(args.device)  # not inside the first engine's timed start
     import tempfile
 
     source, reqs, warm = vb.load_workload(args)

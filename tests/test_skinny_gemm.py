@@ -54,3 +54,24 @@ def test_every_kernel_source_ships_in_the_package():
         rel = path.relative_to(Path(sg.__file__).parent).as_posix()
         assert any(fnmatch.fnmatch(rel, g) for g in globs), f"{rel} is not in package-data"
     assert set(sg.CSRC.iterdir()) == set(sg.SOURCES) | set(sg.HEADERS)  # nothing unlisted either
+
+
+def test_a_cold_build_is_announced_and_a_built_library_is_not(tmp_path):
+    """The first build takes minutes: the user is told where and why; later loads say nothing."""
+    from oilbird.skinny_gemm import build_notice
+
+    name = "oilbird_skinny_gemm_0123abcd"
+    notice = build_notice(tmp_path, name)
+    assert notice is not None and "compiling the CPU kernels" in notice and str(tmp_path) in notice
+    (tmp_path / "skinny_gemm.o").touch()  # a half-done build's objects are not the library
+    assert build_notice(tmp_path, name) is not None
+    (tmp_path / f"{name}.so").touch()
+    assert build_notice(tmp_path, name) is None
+
+
+@pytest.mark.skipif(not SKINNY, reason=f"the CPU kernels cannot be built here: {WHY}")
+def test_the_loaded_kernels_live_where_build_notice_looks():
+    """After a load, the notice for this installation's build directory is silent."""
+    from oilbird.skinny_gemm import build_directory, build_notice, source_key
+
+    assert build_notice(build_directory(), f"oilbird_skinny_gemm_{source_key()}") is None

@@ -117,6 +117,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("oilbird serve: no --api-keys: the server is open, and every request shares one "
               "tenant's pools", file=sys.stderr)
     path = model_directory(args.model)
+    if current_platform.is_cpu():
+        # vLLM's CPU worker binds its threads, and so any build it starts, to its cores: compiled
+        # here first (on every core, with a notice) its start finds our kernels cached.
+        from oilbird.skinny_gemm import skinny_available
+
+        skinny_available()
     parser = make_arg_parser(FlexibleArgumentParser(prog="oilbird serve"))
     vargs = parser.parse_args(vllm_argv(args, config, path, current_platform.is_cpu()))
     validate_parsed_serve_args(vargs)

@@ -26,6 +26,8 @@ import hashlib
 import itertools
 import os
 import shutil
+import sys
+import time
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -145,6 +147,19 @@ def source_key() -> str:
     return hashlib.sha256(source + torch.__version__.encode() + " ".join(flags()).encode()).hexdigest()[:16]
 
 
+def build_directory() -> Path:
+    """Where the module is built and cached: one directory per source key and PyTorch installation.
+
+    One per installation as well as per key: a build file names the include paths of the
+    environment that wrote it, so two virtualenvs (the engine's and vLLM's) sharing one directory
+    rebuilt it in turn, 1-2 min each time.
+    """
+    from oilbird.model_fetch import default_cache_dir
+
+    where = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
+    return default_cache_dir() / "kernels" / f"skinny_gemm-{source_key()}-{where}"
+
+
 @lru_cache(maxsize=1)
 def _load():
     """(the compiled module, None) or (None, why it is unavailable); built once per process."""
@@ -152,14 +167,7 @@ def _load():
         return None, f"the CPU lacks AVX2 and AVX-512 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})"
     from torch.utils.cpp_extension import load
 
-    from oilbird.model_fetch import default_cache_dir
-
-    key = source_key()
-    # One build per PyTorch installation as well: a build file names the include paths of the
-    # environment that wrote it, so two virtualenvs (the engine's and vLLM's) sharing one
-    # directory rebuilt it in turn, 1-2 min each time.
-    where = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
-    build = default_cache_dir() / "kernels" / f"skinny_gemm-{key}-{where}"
+    build = build_directory()
     try:
         # The build compiles copies kept beside it: every checkout of the same sources then
         # writes the same build file and reuses the same library, instead of rebuilding it for
@@ -171,13 +179,40 @@ def _load():
                 tmp = copies / f".{path.name}.{os.getpid()}"
                 tmp.write_bytes(path.read_bytes())
                 tmp.replace(copies / path.name)  # atomic: a concurrent build never reads half a file
+        name = f"oilbird_skinny_gemm_{source_key()}"
+        notice = build_notice(build, name)
+        if notice:
+            print(notice, file=sys.stderr, flush=True)
+        started = time.perf_counter()
         with _ninja_on_path():
-            module = load(name=f"oilbird_skinny_gemm_{key}", sources=[str(copies / p.name) for p in SOURCES],
+            module = load(name=name, sources=[str(copies / p.name) for p in SOURCES],
                           extra_cflags=flags(), extra_ldflags=["-fopenmp"], build_directory=str(build),
                           verbose=False)
+        if notice:
+            print(f"oilbird: kernels built in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     except Exception as err:  # no compiler, no ninja, a failed build: oneDNN serves instead
         return None, f"building the kernels in {CSRC} failed ({type(err).__name__}: {str(err).strip()[-300:]})"
     return module, None
+
+
+def build_notice(build: Path, name: str) -> str | None:
+    """What to tell the user before a build that will compile, or None when the library is there.
+
+    A cold build takes 1-3 minutes (about 90 s on two Zen 4 cores, twice that inside a vLLM worker,
+    whose threads are bound to one core): said once, on stderr, so a first `oilbird generate` or
+    `oilbird serve` does not look hung.
+
+    Args:
+        build: the build directory of this source key and PyTorch installation.
+        name: the extension's name; its library is `build/<name>.so` once built.
+
+    Returns:
+        One line for stderr, or None where the library is already built.
+    """
+    if any(build.glob(f"{name}.*")):
+        return None
+    return (f"oilbird: compiling the CPU kernels for this CPU and PyTorch installation, once "
+            f"(1-3 min; cached in {build})")
 
 
 def kernels():

@@ -173,8 +173,10 @@ class OilbirdCPUWorker(OilbirdWorkerMixin, CPUWorker):
         # vLLM's CPU worker builds its runner inline (no factory method to override); building
         # ours right after replaces it before any weights or caches are loaded into it.
         self.model_runner = OilbirdCPUModelRunner(self.vllm_config, torch.device("cpu"))
-        # Our CPU kernels (the top-k above) are compiled on first use, 1-2 min once per machine:
-        # at start-up, not in the first request's step. Where they cannot be, torch.topk serves.
+        # Our CPU kernels (the top-k above) are compiled on first use, 1-3 min once per machine:
+        # at start-up, not in the first request's step (`oilbird serve` builds them before vLLM
+        # starts, where the build is not bound to this worker's core). Where they cannot be
+        # built, torch.topk serves.
         skinny_available()
 
 
