@@ -74,17 +74,21 @@ def agree(a: list[int], b: list[int]) -> int:
     return k
 
 
+def oracle_draft(index: NgramIndex, text: list[int], before: int, truth: list[int], k: int) -> list[int]:
+    """The longest truth[:j], j <= k, such that the last token, then truth[:j], occurred before:
+    any occurrence of any matching suffix agrees at most this far (each one ends with the last
+    token). Followed along the last token's occurrences, so chains of any K need no K-gram index."""
+    follow = [p for p in index.at.get(tuple(text[-1:]), ()) if p < before]  # positions after the last token
+    j = 0
+    while j < min(k, len(truth)) and follow:
+        follow = [p for p in follow if p + j < before and index.tokens[p + j] == truth[j]]
+        j += 1 if follow else 0
+    return truth[:j]
+
+
 def draft(choice: str, index: NgramIndex, text: list[int], before: int, truth: list[int], k: int) -> list[int]:
     if choice == "oracle":
-        # The longest j such that the last token, then truth[:j], occurred before: any occurrence
-        # of any matching suffix agrees at most this far (each one ends with the last token).
-        j = 0
-        while j < min(k, len(truth)):
-            ps = index.at.get(tuple(text[-1:] + truth[:j + 1]), ())
-            if not ps or ps[0] > before:
-                break
-            j += 1
-        return truth[:j]
+        return oracle_draft(index, text, before, truth, k)
     positions = index.longest_match(text, before)
     if not positions:
         return []
@@ -107,14 +111,25 @@ def _cut(chain: list[int]) -> list[int]:
     return chain[:chain.index(-1)] if -1 in chain else chain
 
 
-def replay(choice: str, prompts: list[list[int]], outputs: list[list[int]], k: int) -> dict:
-    index = NgramIndex(max(MAX_N, k + 1))  # the oracle looks up the last token and K more
+def replay(choice: str, prompts: list[list[int]], outputs: list[list[int]], k: int,
+           prefill_commits: bool = True) -> dict:
+    """Serve the outputs again as a chain engine drafting with `choice`, strictly online.
+
+    Args:
+        prefill_commits: vLLM's counting (the prefill commits each output's first token, counted
+            as a step in tau); False: our engine's, where every output token comes from a step.
+
+    Returns:
+        steps, draft_tokens, accepted, tau, and `accepted_per_step` (the step-by-step list).
+    """
+    index = NgramIndex(MAX_N)
     steps = drafted = accepted = 0
+    per_step = []
     for prompt, out in zip(prompts, outputs):
         start = len(index.tokens)
         index.extend(prompt)
-        i = 1  # the prefill commits the first output token
-        index.extend(out[:1])
+        i = 1 if prefill_commits else 0
+        index.extend(out[:i])
         while i < len(out):
             truth = out[i:]
             d = draft(choice, index, index.tokens[start:], len(index.tokens), truth, k)
@@ -122,12 +137,13 @@ def replay(choice: str, prompts: list[list[int]], outputs: list[list[int]], k: i
             steps += 1
             drafted += len(d)
             accepted += a
+            per_step.append(a)
             index.extend(out[i:i + a + 1])
             i += a + 1
         index.extend([-1])
     tokens = sum(len(o) for o in outputs)
     return dict(choice=choice, steps=steps, draft_tokens=drafted, accepted=accepted,
-                tau=tokens / (steps + len(outputs)))
+                tau=tokens / (steps + (len(outputs) if prefill_commits else 0)), accepted_per_step=per_step)
 
 
 def main(argv=None) -> int:
