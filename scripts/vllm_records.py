@@ -75,7 +75,6 @@ def table(records: list[dict], base: dict | None) -> str:
     return "\n".join(lines)
 
 
-@lru_cache(maxsize=1)
 def build_kernels(device: str) -> None:
     """Compile our CPU kernels in this process, before any engine starts (on a CPU run).
 
@@ -89,6 +88,7 @@ def build_kernels(device: str) -> None:
         skinny_available()
 
 
+@lru_cache(maxsize=1)
 def source_state() -> dict:
     """Which oilbird code ran: the commit and a digest of the uncommitted changes under src/.
 

@@ -163,3 +163,12 @@ def test_every_workload_loads_its_sample_and_names_its_tenant():
         assert tenant_of(name) == work.dataset
     spec = load_dataset("spec-bench", per_category=4, limit=52)  # every category, four each
     assert len({r.category for r in spec}) == 13
+
+
+def test_the_code_that_ran_is_read_once_as_a_run_starts():
+    """A commit made while a long run goes on must not be recorded as the code that ran: the
+    scripts read `source_state()` as they start and the report reads the same answer."""
+    import vllm_records
+
+    assert vllm_records.source_state() is vllm_records.source_state()
+    assert vllm_records.build_kernels("cuda") is None  # a CUDA run builds no CPU kernels
