@@ -80,9 +80,11 @@ def oracle_draft(index: NgramIndex, text: list[int], before: int, truth: list[in
     token). Followed along the last token's occurrences, so chains of any K need no K-gram index."""
     follow = [p for p in index.at.get(tuple(text[-1:]), ()) if p < before]  # positions after the last token
     j = 0
-    while j < min(k, len(truth)) and follow:
+    while j < min(k, len(truth)):
         follow = [p for p in follow if p + j < before and index.tokens[p + j] == truth[j]]
-        j += 1 if follow else 0
+        if not follow:
+            break
+        j += 1
     return truth[:j]
 
 
@@ -120,11 +122,10 @@ def replay(choice: str, prompts: list[list[int]], outputs: list[list[int]], k: i
             as a step in tau); False: our engine's, where every output token comes from a step.
 
     Returns:
-        steps, draft_tokens, accepted, tau, and `accepted_per_step` (the step-by-step list).
+        steps, draft_tokens, accepted and tau.
     """
     index = NgramIndex(MAX_N)
     steps = drafted = accepted = 0
-    per_step = []
     for prompt, out in zip(prompts, outputs):
         start = len(index.tokens)
         index.extend(prompt)
@@ -137,13 +138,12 @@ def replay(choice: str, prompts: list[list[int]], outputs: list[list[int]], k: i
             steps += 1
             drafted += len(d)
             accepted += a
-            per_step.append(a)
             index.extend(out[i:i + a + 1])
             i += a + 1
         index.extend([-1])
     tokens = sum(len(o) for o in outputs)
     return dict(choice=choice, steps=steps, draft_tokens=drafted, accepted=accepted,
-                tau=tokens / (steps + (len(outputs) if prefill_commits else 0)), accepted_per_step=per_step)
+                tau=tokens / (steps + (len(outputs) if prefill_commits else 0)))
 
 
 def main(argv=None) -> int:

@@ -40,7 +40,7 @@ def test_our_engine_counts_a_step_for_every_output_token():
     prompt, out = [5, 6, 7], [8, 9, 10, 11]
     # The second request repeats the first: the oracle copies its whole output in one step.
     ours = lexical_oracle.replay("oracle", [prompt, prompt], [out, out], k=8, prefill_commits=False)
-    assert ours["accepted_per_step"][-1] == len(out)  # drafted whole, accepted in one forward
+    assert ours["accepted"] == len(out)  # the second output drafted whole, accepted in one forward
     assert ours["steps"] == 4 + 1  # the first request token by token (nothing to copy), then one step
     assert ours["tau"] == pytest.approx(8 / 5)
     vllm = lexical_oracle.replay("oracle", [prompt, prompt], [out, out], k=8)
@@ -62,7 +62,7 @@ def test_the_cost_per_node_is_fitted_over_every_forward_and_rows_priced_by_it():
     rows = oracle_bound.method_rows(records, fit_a, fit_b)
     assert rows["suffix"]["priced"] == pytest.approx(2 * a + 10 * b + 0.01)
     assert rows["suffix"]["nodes"] == 10 and rows["ar"]["tokens"] == 3
-    replays = [dict(choice="oracle", steps=1, draft_tokens=2, tau=3.0, accepted_per_step=[2])]
+    replays = [dict(choice="oracle", steps=1, draft_tokens=2, accepted=2, tau=3.0)]
     text = oracle_bound.table(rows, replays, fit_a, fit_b, "suffix")
     # The oracle: prefill 1 s (ar's) + one forward of 3 nodes; ar: 1 s + 3 one-node forwards.
     oracle_line = next(line for line in text.splitlines() if line.startswith("| oracle"))

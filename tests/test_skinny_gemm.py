@@ -74,4 +74,5 @@ def test_the_loaded_kernels_live_where_build_notice_looks():
     """After a load, the notice for this installation's build directory is silent."""
     from oilbird.skinny_gemm import build_directory, build_notice, source_key
 
-    assert build_notice(build_directory(), f"oilbird_skinny_gemm_{source_key()}") is None
+    key = source_key()
+    assert build_notice(build_directory(key), f"oilbird_skinny_gemm_{key}") is None

@@ -147,8 +147,9 @@ def source_key() -> str:
     return hashlib.sha256(source + torch.__version__.encode() + " ".join(flags()).encode()).hexdigest()[:16]
 
 
-def build_directory() -> Path:
-    """Where the module is built and cached: one directory per source key and PyTorch installation.
+def build_directory(key: str) -> Path:
+    """Where the module of source key `key` is built and cached: one directory per key and PyTorch
+    installation.
 
     One per installation as well as per key: a build file names the include paths of the
     environment that wrote it, so two virtualenvs (the engine's and vLLM's) sharing one directory
@@ -157,7 +158,7 @@ def build_directory() -> Path:
     from oilbird.model_fetch import default_cache_dir
 
     where = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
-    return default_cache_dir() / "kernels" / f"skinny_gemm-{source_key()}-{where}"
+    return default_cache_dir() / "kernels" / f"skinny_gemm-{key}-{where}"
 
 
 @lru_cache(maxsize=1)
@@ -167,7 +168,8 @@ def _load():
         return None, f"the CPU lacks AVX2 and AVX-512 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})"
     from torch.utils.cpp_extension import load
 
-    build = build_directory()
+    key = source_key()
+    build = build_directory(key)
     try:
         # The build compiles copies kept beside it: every checkout of the same sources then
         # writes the same build file and reuses the same library, instead of rebuilding it for
@@ -179,7 +181,7 @@ def _load():
                 tmp = copies / f".{path.name}.{os.getpid()}"
                 tmp.write_bytes(path.read_bytes())
                 tmp.replace(copies / path.name)  # atomic: a concurrent build never reads half a file
-        name = f"oilbird_skinny_gemm_{source_key()}"
+        name = f"oilbird_skinny_gemm_{key}"
         notice = build_notice(build, name)
         if notice:
             print(notice, file=sys.stderr, flush=True)
