@@ -3,7 +3,7 @@ the online acceptance model behind it, on hand-built trees."""
 
 import pytest
 
-from oilbird.acceptance import AcceptanceModel, ExplorationFloor, node_key
+from oilbird.acceptance import HEIGHT_BINS, AcceptanceModel, ExplorationFloor, node_key, node_shapes
 from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
 from oilbird.tree_select import FittedTree, fit_subtree, reaches, tree_outcome
@@ -155,3 +155,70 @@ def test_the_exploration_floor_probes_every_ninth_cut_in_a_row():
     assert not any(ExplorationFloor(every=0).probe_due() for _ in range(50))
     with pytest.raises(ValueError, match="explore_every"):
         ExplorationFloor(every=-1)
+
+
+def leaf_and_chain(first: int = 1) -> DraftTree:
+    """root -> a lone 'lex' node (nothing drafted under it) and root -> a 'lex' chain of four:
+    their first nodes share a key (same source, depth and score) but not a shape."""
+    tree = DraftTree.root(0)
+    tree.add(0, first, "lex", 0.9)
+    tree.add_chain(0, [first + 10, 12, 13, 14], "lex", [0.9] * 4)
+    return tree
+
+
+def test_node_shapes_read_how_far_the_drafter_went_and_its_alternatives():
+    tree = leaf_and_chain()
+    # heights 0, 3, 2, 1, 0 -> bins 0, 2 (2-3), 2, 1, 0; the root's two children are siblings
+    assert node_shapes(tree) == [(0, 1), (0, 2), (2, 2), (2, 1), (1, 1), (0, 1)]
+    tree.add_chain(5, [15, 16, 17, 18], "lex")  # node 2's subtree now 8 deep: the last height bin
+    tree.add(0, 30, "sem")
+    tree.add(0, 31, "sem")
+    shapes = node_shapes(tree)
+    assert shapes[2] == (len(HEIGHT_BINS), 3)  # siblings capped at 3
+    assert shapes[1] == (0, 3)
+
+
+def test_shapes_refine_a_key_that_mixes_sure_and_unsure_nodes():
+    # The drafter's lone guesses are always rejected, its long continuations always accepted:
+    # one key for both. Without shapes the estimate is their mix; with them each gets its own.
+    curve = CostCurve({1: 1.0, 2: 1.2, 8: 2.4})  # a node costs a fifth of a step
+    lone = DraftTree.root(0)
+    lone.add(0, 1, "lex", 0.9)
+    chain = DraftTree.root(0)
+    chain.add_chain(0, [11, 12, 13, 14], "lex", [0.9] * 4)
+    key = node_key(chain, 1)
+    assert node_key(lone, 1) == key
+    shaped = FittedTree(curve, 64, explore_every=0)
+    blind = FittedTree(curve, 64, explore_every=0, use_shape=False)
+    for policy in (shaped, blind):
+        for _ in range(30):
+            for tree, accepted in ((lone, False), (chain, True)):
+                keep = policy.select(tree)  # verified as the decode loop does: the kept subtree
+                policy.verified(64, tree.subtree(keep), list(range(1, len(keep) + 1)) if accepted else [])
+    assert shaped.model.p_accept(key, shape=node_shapes(chain)[1]) > 0.8
+    assert shaped.model.p_accept(key, shape=node_shapes(lone)[1]) < 0.2
+    assert 0.3 < blind.model.p_accept(key) < 0.7  # the key alone: the mix
+    assert shaped.select(lone) == [] and shaped.select(chain) == [1, 2, 3, 4]
+    assert blind.select(lone) == [1]  # the mix pays for the lone node, forward after forward
+    # Both keep the estimates' honesty per shape; the blind one's shows what it mixes.
+    # ('h0 s1': the lone nodes and the chains' last nodes; 'h2 s1': the chains' first two)
+    leaves, heads = (blind.calibration()["by_shape"][k] for k in ("h0 s1", "h2 s1"))
+    assert heads["tried"] == 60 and heads["accepted"] == 1 and heads["estimate"] < 0.8
+    assert leaves["accepted"] < 0.55 and leaves["estimate"] > leaves["accepted"] + 0.1
+    assert shaped.calibration()["by_shape"]["h0 s1"]["tried"] < leaves["tried"] - 10  # lone nodes cut once learnt
+
+
+def test_an_unseen_shape_starts_from_its_key_estimate():
+    model = AcceptanceModel(prior=0.5, prior_weight=2.0, shape_weight=4.0)
+    tree = leaf_and_chain()
+    shapes = node_shapes(tree)
+    for _ in range(6):
+        model.update_tree(tree, [2, 3, 4, 5], shapes=shapes)  # node 1 (a leaf) rejected, node 2 accepted
+    key = node_key(tree, 1)
+    assert model.counts[key] == [12, 6]
+    assert model.shape_counts[(key, shapes[1])] == [6, 0] and model.shape_counts[(key, shapes[2])] == [6, 6]
+    base = (6 + 0.5 * 2) / (12 + 2)
+    assert model.p_accept(key, shape=(1, 1)) == pytest.approx(base)  # never seen: the key's estimate
+    assert model.p_accept(key, shape=shapes[2]) == pytest.approx((6 + 4 * base) / (6 + 4))
+    model.update_tree(tree, [2])  # without shapes: the key's counts only
+    assert model.counts[key] == [14, 7] and model.shape_counts[(key, shapes[2])] == [6, 6]

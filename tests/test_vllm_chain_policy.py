@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from oilbird.integrations.vllm.adapter import EngineDrafter, StepRequest
-from oilbird.acceptance import node_key
+from oilbird.acceptance import node_key, node_shapes
 from oilbird.integrations.vllm.chain_policy import ChainCalibrator
 from oilbird.integrations.vllm.config import EngineDrafterConfig
 from oilbird.tree import DraftTree
@@ -140,3 +140,31 @@ def test_the_adapter_calibrates_each_chain_in_the_context_it_was_proposed_in():
     (first,) = plain.step([step("b", [7])], max_drafts=4)
     plain.step([step("b", [8, 5, 0], drafts=first)], max_drafts=4)
     assert not plain.calibrators["t"].context_counts and not plain.contexts
+
+
+def test_the_chain_keeps_its_nodes_shapes_in_the_tree_for_the_update():
+    cal = ChainCalibrator()
+    tree = two_branches()
+    shapes = node_shapes(tree)  # the lone 'tr' node: a leaf beside the chain; the chain's head: 2 deep under it
+    assert shapes[1] == (0, 2) and shapes[2] == (2, 2)
+    path = cal.choose(tree, max_len=8, min_reach=0.0, shapes=shapes)
+    assert path == [2, 3, 4]
+    chain = tree.subtree(path)
+    cal.update(chain, accepted=3, shapes=[shapes[0]] + [shapes[n] for n in path])
+    key = node_key(chain, 1)
+    assert cal.shape_counts[(key, shapes[2])] == [1, 1]  # its shape in the tree, not in the chain
+    assert (key, node_shapes(chain)[1]) not in cal.shape_counts
+
+
+def test_the_adapter_learns_per_shape_unless_told_not_to():
+    for shaped in (True, False):
+        engine = EngineDrafter.build(EngineDrafterConfig(method="pld", min_reach=0.0, calibration_shape=shaped))
+        (proposal,) = engine.step([step("a", [7])], max_drafts=4)
+        assert proposal == [8, 5, 6, 7]
+        assert len(engine.chain_shapes.get("a", [])) == (5 if shaped else 0)  # the root and 4 drafts
+        engine.step([step("a", [8, 0], drafts=proposal)], max_drafts=4)  # the first accepted
+        counts = engine.calibrators["t"].shape_counts
+        assert sum(tried for tried, _ in counts.values()) == (2 if shaped else 0)
+        assert sum(hit for _, hit in counts.values()) == (1 if shaped else 0)
+        engine.finish("a")
+        assert "a" not in engine.chain_shapes

@@ -70,6 +70,9 @@ class BudgetConfig:
     """In 'fit', after this many forwards in a row that verified nothing of a non-empty proposal, the next verifies its likeliest nodes anyway, so a drafter whose early drafts failed can earn its way back (0: never)."""
     fit_explore_nodes: int = 3
     """In 'fit', how many of the proposal's likeliest nodes such a probe verifies."""
+    fit_shape: bool = True
+    """In 'fit', refine each node's acceptance estimate by its shape in the drafter's proposal:
+    the height of the subtree under it and its number of siblings (oilbird/acceptance.py)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("fixed", "auto"):

@@ -29,7 +29,7 @@ past answer keeps copying, one writing new text keeps missing, and the fit spend
 
 from __future__ import annotations
 
-from oilbird.acceptance import AcceptanceModel, ExplorationFloor
+from oilbird.acceptance import AcceptanceModel, ExplorationFloor, node_shapes
 from oilbird.budget import FIT_OBJECTIVES
 from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
@@ -109,6 +109,8 @@ class FittedTree:
         explore_every: after this many forwards in a row that verified nothing of a non-empty
             proposal, probe (0: never; see the module docstring).
         explore_nodes: the probe's size: the proposal's likeliest nodes, root excluded.
+        use_shape: refine the estimates by each node's shape in the proposal (`node_shapes`:
+            how far the drafter continued past it, how many siblings it has).
 
     Raises:
         ValueError: an unknown objective, or a negative `explore_every` or `explore_nodes` < 1.
@@ -116,13 +118,15 @@ class FittedTree:
 
     def __init__(self, curve: CostCurve, max_budget: int, model: AcceptanceModel | None = None,
                  use_context: bool = False, objective: str = "step", explore_every: int = 8,
-                 explore_nodes: int = 3) -> None:
+                 explore_nodes: int = 3, use_shape: bool = True) -> None:
         if objective not in FIT_OBJECTIVES:
             raise ValueError(f"fit objective must be one of {FIT_OBJECTIVES}, got {objective!r}")
         if explore_nodes < 1:
             raise ValueError(f"explore_nodes must be >= 1, got {explore_nodes}")
         self.floor, self.explore_nodes = ExplorationFloor(explore_every), explore_nodes
         self.curve, self.max_budget, self.use_context = curve, max_budget, use_context
+        self.use_shape = use_shape
+        self._shapes: list | None = None  # the selected nodes' shapes in their proposal, root first
         self.model = model or AcceptanceModel()
         self.objective = objective
         # Committed tokens and curve-priced seconds of the verified trees, starting from one
@@ -131,6 +135,9 @@ class FittedTree:
         self.predicted = 0.0
         """Expected committed tokens of the verified trees, summed as the model estimated them
         when each was chosen; against `tokens`, how honest the estimates are (`calibration`)."""
+        self.by_shape: dict[tuple[int, int], list[float]] = {}
+        """A node shape (`node_shapes`) -> [its nodes tried, their estimates summed, accepted]:
+        the estimates' honesty per shape, kept whether or not they use shapes."""
 
     def choose(self) -> int:
         """The proposal's budget: the cap; `select` prunes."""
@@ -138,29 +145,56 @@ class FittedTree:
 
     def select(self, tree: DraftTree, context: str = "") -> list[int]:
         """The nodes of `tree` to verify (ascending, root excluded)."""
-        probs = self.model.node_probs(tree, context if self.use_context else "")
+        shapes = node_shapes(tree)
+        probs = self.model.node_probs(tree, context if self.use_context else "",
+                                      shapes if self.use_shape else None)
         rate = self.tokens / self.seconds if self.objective == "rate" else None
         reach = reaches(tree, probs)
         keep = fit_subtree(reach, self.curve.cost, rate)
-        if len(tree) == 1:  # nothing offered: nothing learnt either way
-            return keep
-        if keep:
-            self.floor.drafted()
-            return keep
-        return likeliest(reach, self.explore_nodes) if self.floor.probe_due() else keep
+        if len(tree) > 1:  # else nothing offered: nothing learnt either way
+            if keep:
+                self.floor.drafted()
+            elif self.floor.probe_due():
+                keep = likeliest(reach, self.explore_nodes)
+        # The verified tree is the proposal pruned to `keep`, renumbered in order: its nodes'
+        # shapes are those they had in the proposal, kept here for `verified`.
+        self._shapes = [shapes[0]] + [shapes[n] for n in keep]
+        return keep
 
     def verified(self, offered: int, tree: DraftTree, path: list[int], context: str = "") -> None:
         """Learn from one verified (selected) tree, proposed in `context`, and its accepted path."""
         context = context if self.use_context else ""
-        self.predicted += sum(reaches(tree, self.model.node_probs(tree, context)))
-        self.model.update_tree(tree, path, context)
+        shapes, self._shapes = self._shapes, None
+        if shapes is not None and len(shapes) != len(tree):
+            shapes = None  # not the tree `select` chose: it teaches the keys' estimates only
+        used = shapes if self.use_shape else None
+        probs = self.model.node_probs(tree, context, used)
+        self.predicted += sum(reaches(tree, probs))
+        if shapes is not None:
+            self._tally(tree, path, probs, shapes)
+        self.model.update_tree(tree, path, context, used)
         self.tokens += 1 + len(path)
         self.seconds += self.curve.cost(len(tree))
+
+    def _tally(self, tree: DraftTree, path: list[int], probs: list[float], shapes: list) -> None:
+        """Count each tried node (its parent accepted) under its shape: its estimate, its outcome."""
+        reached = {0, *path}
+        for node in range(1, len(tree)):
+            if tree.parents[node] in reached:
+                tally = self.by_shape.setdefault(shapes[node], [0, 0.0, 0])
+                tally[0] += 1
+                tally[1] += probs[node]
+                tally[2] += node in reached
 
     def calibration(self) -> dict:
         """Committed and predicted tokens of the verified trees (the predictions before each
         tree's outcome was learnt), and their ratio: above 1, the estimates were optimistic;
-        `probes`: the forwards verified as exploration probes."""
+        `probes`: the forwards verified as exploration probes; `by_shape`: per node shape
+        ('h<height bin> s<siblings>', `node_shapes`), the nodes tried, their mean estimate of
+        P(accepted | parent accepted) and the share accepted."""
         committed = self.tokens - 1.0  # less the starting step's worth
+        by_shape = {f"h{h} s{s}": dict(tried=n, estimate=est / n, accepted=hits / n)
+                    for (h, s), (n, est, hits) in sorted(self.by_shape.items())}
         return dict(committed=committed, predicted=self.predicted,
-                    ratio=self.predicted / committed if committed else None, probes=self.floor.probes)
+                    ratio=self.predicted / committed if committed else None, probes=self.floor.probes,
+                    by_shape=by_shape)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from oilbird.acceptance import ExplorationFloor
+from oilbird.acceptance import ExplorationFloor, node_shapes
 from oilbird.drafters.base import Drafter
 from oilbird.drafters.registry import drafter_class
 from oilbird.errors import ConfigError
@@ -108,6 +108,9 @@ class EngineDrafter:
     """request id -> its prompt's length, for every request in flight."""
     floors: dict[str, ExplorationFloor] = field(default_factory=dict)
     """tenant -> when its calibrated chains, cut to nothing, get a probe (length_policy 'calibrated')."""
+    chain_shapes: dict[str, list] = field(default_factory=dict)
+    """request id -> the shapes its last proposed chain's nodes had in their tree, root first
+    (`calibration_shape`)."""
     contexts: dict[str, str] = field(default_factory=dict)
     """request id -> how its last verified chain went (`chain_outcome`), the context its next
     chain is calibrated in (calibration_context 'outcome')."""
@@ -147,6 +150,7 @@ class EngineDrafter:
     def finish(self, request_id: str) -> FinishedRequest | None:
         """Stop a request (it joins its tenant's pools); None if it never committed a token."""
         self.proposed.pop(request_id, None)
+        self.chain_shapes.pop(request_id, None)
         self.lengths.pop(request_id, None)
         self.contexts.pop(request_id, None)
         prompt_len = self.prompt_lens.pop(request_id, 0)
@@ -173,7 +177,9 @@ class EngineDrafter:
                               f"the verified drafts {drafts}; the engine's step is inconsistent")
         if self.config.length_policy == "calibrated" and drafts and "engine" not in tree.sources[1]:
             # our chain, as verified, in the context it was proposed in
-            self._calibrator(request.tenant).update(tree, accepted, self._context(rid))
+            shapes = self.chain_shapes.get(rid)
+            self._calibrator(request.tenant).update(tree, accepted, self._context(rid),
+                                                    shapes[:len(tree)] if shapes else None)
         if self.config.calibration_context == "outcome":  # a new request's first chain: 'start'
             self.contexts[rid] = chain_outcome(len(drafts), accepted) if rid in self.contexts else "start"
         committed = self._kept(request)
@@ -247,11 +253,14 @@ class EngineDrafter:
         tree = self.drafter.propose(request_id, self.config.node_budget).truncated(self.config.node_budget)
         if self.config.length_policy == "calibrated":
             tenant = self.drafter.requests[request_id].tenant
-            path = self._calibrator(tenant).choose(tree, max_drafts, min_reach, self._context(request_id))
+            shapes = node_shapes(tree) if self.config.calibration_shape else None
+            path = self._calibrator(tenant).choose(tree, max_drafts, min_reach, self._context(request_id), shapes)
             if not path and len(tree) > 1:
-                path = self._probe(tenant, tree, max_drafts, request_id)
+                path = self._probe(tenant, tree, max_drafts, request_id, shapes)
             elif path:
                 self._floor(tenant).drafted()
+            if shapes:  # the chain's nodes keep the shapes they had in the tree, for `update`
+                self.chain_shapes[request_id] = [shapes[0]] + [shapes[n] for n in path]
         else:
             path = tree.best_path(max_drafts)
         self.drafter.restrict_proposal(request_id, path)
@@ -259,14 +268,15 @@ class EngineDrafter:
         self.proposed[request_id] = chain
         return chain.tokens[1:]
 
-    def _probe(self, tenant: str, tree: DraftTree, max_drafts: int, request_id: str) -> list[int]:
+    def _probe(self, tenant: str, tree: DraftTree, max_drafts: int, request_id: str,
+               shapes: list | None) -> list[int]:
         """The chain of a step whose estimates cut every chain to nothing: none, except every
         `explore_every + 1`-th such step in a row of the tenant, whose best chain's first
         `explore_drafts` tokens are proposed whatever their estimates (a probe)."""
         if not self._floor(tenant).probe_due():  # counts the probe (the metrics read it there)
             return []
         length = min(max_drafts, self.config.explore_drafts)
-        return self._calibrator(tenant).choose(tree, length, 0.0, self._context(request_id))
+        return self._calibrator(tenant).choose(tree, length, 0.0, self._context(request_id), shapes)
 
     def _context(self, request_id: str) -> str:
         if self.config.calibration_context == "none":

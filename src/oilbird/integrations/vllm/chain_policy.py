@@ -18,7 +18,7 @@ tried before its record can condemn it.
 
 from __future__ import annotations
 
-from oilbird.acceptance import AcceptanceModel
+from oilbird.acceptance import AcceptanceModel, Shape
 from oilbird.tree import DraftTree
 
 MAX_BATCH_REACH = 0.5
@@ -52,21 +52,25 @@ def chain_outcome(drafted: int, accepted: int) -> str:
 class ChainCalibrator(AcceptanceModel):
     """`AcceptanceModel` for engines that verify one chain per step."""
 
-    def update(self, chain: DraftTree, accepted: int, context: str = "") -> None:
-        """A verified chain whose first `accepted` drafts were accepted, proposed in `context`."""
-        self.update_tree(chain, list(range(1, accepted + 1)), context)
+    def update(self, chain: DraftTree, accepted: int, context: str = "",
+               shapes: list[Shape] | None = None) -> None:
+        """A verified chain whose first `accepted` drafts were accepted, proposed in `context`;
+        `shapes`: its nodes' shapes in the tree it was chosen from (root first), or None."""
+        self.update_tree(chain, list(range(1, accepted + 1)), context, shapes)
 
-    def choose(self, tree: DraftTree, max_len: int, min_reach: float, context: str = "") -> list[int]:
+    def choose(self, tree: DraftTree, max_len: int, min_reach: float, context: str = "",
+               shapes: list[Shape] | None = None) -> list[int]:
         """The chain to verify: from the root, the child whose subtree promises the most accepted
         tokens (its estimate times one plus its best child's promise, the earliest built on a
         tie), while the probability of reaching the next node stays at least `min_reach`.
-        `context` names the request's situation (`AcceptanceModel`), '' for none.
+        `context` names the request's situation (`AcceptanceModel`), '' for none; `shapes` the
+        tree's `node_shapes`, or None to estimate without them.
 
         Returns:
             The path's node indices, root excluded, at most `max_len`.
         """
         n_nodes = len(tree)
-        p = self.node_probs(tree, context)
+        p = self.node_probs(tree, context, shapes)
         best_child = [0.0] * n_nodes  # the best promise among a node's children
         for n in range(n_nodes - 1, 0, -1):  # children come after their parents
             parent = tree.parents[n]
