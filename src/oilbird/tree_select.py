@@ -22,6 +22,10 @@ the fit verified nothing of a non-empty proposal, the next forward verifies the 
 those nodes, once in `explore_every + 1` forwards, and paid only by a drafter that has stopped
 drafting.
 
+Each estimate is refined by the node's shape in the proposal (`node_shapes` in
+oilbird/acceptance.py: how far the drafter went on past it, how many siblings it has), which says
+in any drafter's currency how sure the drafter was (`use_shape`, on by default; stop 58).
+
 The estimates may also be conditioned on how the request's previous tree went (`tree_outcome`:
 'idle', 'miss', 'part', 'full'), as the vLLM chain policy's are: a request that is copying a
 past answer keeps copying, one writing new text keeps missing, and the fit spends accordingly.
