@@ -34,6 +34,7 @@ turned its way. `ExplorationFloor` is the rule both engines' policies share agai
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from oilbird.tree import DraftTree
@@ -58,15 +59,22 @@ def node_shapes(tree: DraftTree) -> list[Shape]:
     """Per node, the shape of the drafter's tree around it: (the height of its subtree, bucketed
     by `HEIGHT_BINS`; the number of its parent's children, capped at `MAX_SIBLINGS_KEY`). Read
     from the tree the drafter proposed, before any pruning: a pruned tree has other shapes."""
-    height = [0] * len(tree)
+    parents = tree.parents
+    height, children = [0] * len(tree), [0] * len(tree)
     for node in range(len(tree) - 1, 0, -1):  # children come after their parents
-        parent = tree.parents[node]
+        parent = parents[node]
+        children[parent] += 1
         height[parent] = max(height[parent], height[node] + 1)
-    shapes = [(0, 1)]  # the root's, never estimated
-    for node in range(1, len(tree)):
-        bucket = sum(height[node] >= edge for edge in HEIGHT_BINS)
-        shapes.append((bucket, min(MAX_SIBLINGS_KEY, len(tree.children(tree.parents[node])))))
-    return shapes
+    # bisect_right counts the bin edges at or below a height: its bucket
+    return [(0, 1)] + [(bisect_right(HEIGHT_BINS, height[n]), min(MAX_SIBLINGS_KEY, children[parents[n]]))
+                       for n in range(1, len(tree))]  # the root's shape is never estimated
+
+
+def tried_nodes(tree: DraftTree, path: list[int]) -> list[tuple[int, bool]]:
+    """The nodes of a verified tree that were tried (their parent accepted, or the root), each
+    with whether it was accepted (on `path`, the accepted nodes)."""
+    reached = {0, *path}
+    return [(node, node in reached) for node in range(1, len(tree)) if tree.parents[node] in reached]
 
 
 @dataclass
@@ -114,15 +122,13 @@ class AcceptanceModel:
                     shapes: list[Shape] | None = None) -> None:
         """A verified tree and its accepted path: every node whose parent was accepted (or is the
         root) was tried; those on the path were accepted. `shapes` as in `node_probs`."""
-        reached = {0, *path}
-        for node in range(1, len(tree)):
-            if tree.parents[node] in reached:
-                key, hit = node_key(tree, node), node in reached
-                _count(self.counts, key, hit)
-                if shapes:
-                    _count(self.shape_counts, (key, shapes[node]), hit)
-                if context:
-                    _count(self.context_counts, (context, key), hit)
+        for node, hit in tried_nodes(tree, path):
+            key = node_key(tree, node)
+            _count(self.counts, key, hit)
+            if shapes:
+                _count(self.shape_counts, (key, shapes[node]), hit)
+            if context:
+                _count(self.context_counts, (context, key), hit)
 
 
 @dataclass

@@ -33,7 +33,7 @@ past answer keeps copying, one writing new text keeps missing, and the fit spend
 
 from __future__ import annotations
 
-from oilbird.acceptance import AcceptanceModel, ExplorationFloor, node_shapes
+from oilbird.acceptance import AcceptanceModel, ExplorationFloor, Shape, node_shapes, tried_nodes
 from oilbird.budget import FIT_OBJECTIVES
 from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
@@ -130,7 +130,7 @@ class FittedTree:
         self.floor, self.explore_nodes = ExplorationFloor(explore_every), explore_nodes
         self.curve, self.max_budget, self.use_context = curve, max_budget, use_context
         self.use_shape = use_shape
-        self._shapes: list | None = None  # the selected nodes' shapes in their proposal, root first
+        self._shapes: list[Shape] | None = None  # the selected nodes' shapes in their proposal, root first
         self.model = model or AcceptanceModel()
         self.objective = objective
         # Committed tokens and curve-priced seconds of the verified trees, starting from one
@@ -139,7 +139,7 @@ class FittedTree:
         self.predicted = 0.0
         """Expected committed tokens of the verified trees, summed as the model estimated them
         when each was chosen; against `tokens`, how honest the estimates are (`calibration`)."""
-        self.by_shape: dict[tuple[int, int], list[float]] = {}
+        self.by_shape: dict[Shape, list[float]] = {}
         """A node shape (`node_shapes`) -> [its nodes tried, their estimates summed, accepted]:
         the estimates' honesty per shape, kept whether or not they use shapes."""
 
@@ -180,15 +180,13 @@ class FittedTree:
         self.tokens += 1 + len(path)
         self.seconds += self.curve.cost(len(tree))
 
-    def _tally(self, tree: DraftTree, path: list[int], probs: list[float], shapes: list) -> None:
-        """Count each tried node (its parent accepted) under its shape: its estimate, its outcome."""
-        reached = {0, *path}
-        for node in range(1, len(tree)):
-            if tree.parents[node] in reached:
-                tally = self.by_shape.setdefault(shapes[node], [0, 0.0, 0])
-                tally[0] += 1
-                tally[1] += probs[node]
-                tally[2] += node in reached
+    def _tally(self, tree: DraftTree, path: list[int], probs: list[float], shapes: list[Shape]) -> None:
+        """Count each tried node under its shape: its estimate, its outcome."""
+        for node, hit in tried_nodes(tree, path):
+            tally = self.by_shape.setdefault(shapes[node], [0, 0.0, 0])
+            tally[0] += 1
+            tally[1] += probs[node]
+            tally[2] += hit
 
     def calibration(self) -> dict:
         """Committed and predicted tokens of the verified trees (the predictions before each
