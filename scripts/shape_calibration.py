@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=None, help="comma list (default: every method with a 'fit' policy)")
     args = p.parse_args(argv)
     methods = args.methods.split(",") if args.methods else None
+    missing = [str(run) for run in args.runs if not (run / "summary.json").is_file()]
+    if missing:
+        p.error(f"no summary.json in {', '.join(missing)}: give directories written by oilbird bench --out")
     table = [row for run in args.runs for row in rows(run, methods)]
     if not table:
         p.error("no per-shape calibration in these runs (runs made with --budget fit before stop 58 lack it)")

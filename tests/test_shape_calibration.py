@@ -34,3 +34,9 @@ def test_a_run_without_the_table_is_named_not_printed_empty(tmp_path, capsys):
     with pytest.raises(SystemExit):
         shape_calibration.main([str(run)])
     assert "before stop 58" in capsys.readouterr().err
+
+
+def test_a_directory_that_is_not_a_run_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        shape_calibration.main([str(tmp_path / "nowhere")])
+    assert "no summary.json in" in capsys.readouterr().err

@@ -109,6 +109,9 @@ def test_additional_config_names_unknown_options():
         with pytest.raises(ConfigError, match=field):
             EngineDrafterConfig.from_additional_config({"oilbird": {field: 1.5}})
     assert EngineDrafterConfig.from_additional_config({"oilbird": {"max_batch_reach": 0.3}}).max_batch_reach == 0.3
+    with pytest.raises(ConfigError, match="calibration_shape must be true or false"):
+        EngineDrafterConfig.from_additional_config({"oilbird": {"calibration_shape": "false"}})
+    assert EngineDrafterConfig.from_additional_config({"oilbird": {"calibration_shape": True}}).calibration_shape
 
 
 def test_the_draft_length_adapts_to_acceptance():

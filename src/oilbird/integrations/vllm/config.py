@@ -89,6 +89,9 @@ class EngineDrafterConfig:
         if self.explore_every < 0 or self.explore_drafts < 1:
             raise ConfigError(f"explore_every must be >= 0 and explore_drafts >= 1, got "
                               f"{self.explore_every} and {self.explore_drafts}")
+        if not isinstance(self.calibration_shape, bool):
+            raise ConfigError(f"calibration_shape must be true or false (a JSON boolean), "
+                              f"got {self.calibration_shape!r}")
         if self.topk < 1:
             raise ConfigError(f"topk must be >= 1, got {self.topk}")
         if self.snapshot_every < 1:
