@@ -6,7 +6,7 @@ import pytest
 from oilbird.acceptance import HEIGHT_BINS, AcceptanceModel, ExplorationFloor, node_key, node_shapes
 from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
-from oilbird.tree_select import FittedTree, fit_subtree, reaches, tree_outcome
+from oilbird.tree_select import FittedTree, extend, fit_subtree, reaches, tree_outcome
 
 
 def two_source_tree() -> DraftTree:
@@ -143,6 +143,68 @@ def test_without_exploration_the_fit_stays_locked_out():
     assert all(policy.select(tree) == [] for _ in range(50))
     with pytest.raises(ValueError, match="explore_every"):
         FittedTree(curve, 64, explore_every=-1)
+
+
+def lex_chain(length: int) -> DraftTree:
+    tree = DraftTree.root(0)
+    tree.add_chain(0, list(range(1, length + 1)), "lex", [0.9] * length)  # one key per depth
+    return tree
+
+
+def test_extend_deepens_the_kept_tree_by_its_likeliest_eligible_node():
+    tree = two_source_tree()  # lex 1 -> 2 -> 3, sem 4 -> 5
+    reach = [1.0, 0.9, 0.5, 0.4, 0.6, 0.55]
+    anything = lambda n: True
+    assert extend(tree, [1], reach, anything) == [1, 2]  # under a kept leaf; never a new branch (4)
+    assert extend(tree, [1], reach, lambda n: n != 2) == [1]  # nothing eligible
+    assert extend(tree, [1, 4], reach, anything) == [1, 4, 5]  # 5 (0.55) beats 2 (0.5)
+    assert extend(tree, [1, 2, 3, 4, 5], reach, anything) == [1, 2, 3, 4, 5]  # nothing left
+
+
+def test_after_a_whole_tree_was_accepted_the_fit_tries_a_locked_key_again():
+    # Early on the chain's third node failed three times; the nodes under it were never tried.
+    # Then the traffic turns: the whole chain would be accepted. The proposal never comes to
+    # nothing, so the exploration floor does not fire: the estimates alone keep verifying the
+    # first two nodes for ever. With `extend_trials`, a tree accepted whole is followed by one
+    # that also verifies the likeliest node past the cut, if its key has been tried fewer than
+    # that many times, and the estimates learn that the chain holds.
+    curve = CostCurve({1: 1.0, 2: 1.2, 8: 2.4})  # a draft node costs a fifth of a step
+    tree = lex_chain(6)
+    chosen = {}
+    for trials in (0, 8):
+        policy = FittedTree(curve, 64, extend_trials=trials)
+        context = ""
+        for _ in range(3):
+            policy.select(tree, context)
+            policy.verified(64, tree, [1, 2], context)
+            context = tree_outcome(tree, [1, 2])
+        assert context == "part" and policy.select(tree, context) == [1, 2]  # only after 'full'
+        for _ in range(20):
+            keep = policy.select(tree, context)
+            verified, path = tree.subtree(keep), list(range(1, len(keep) + 1))  # all accepted
+            policy.verified(64, verified, path, context)
+            context = tree_outcome(verified, path)
+        chosen[trials] = policy.select(tree)
+    assert chosen[0] == [1, 2]
+    assert chosen[8] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(ValueError, match="extend_trials"):
+        FittedTree(curve, 64, extend_trials=-1)
+
+
+def test_a_key_tried_often_enough_is_left_to_its_estimate():
+    # The third node has failed 8 times: its estimate is earned, and a whole tree does not
+    # buy it another trial.
+    curve = CostCurve({1: 1.0, 2: 1.2, 8: 2.4})
+    tree = lex_chain(6)
+    policy = FittedTree(curve, 64, extend_trials=8)
+    for _ in range(8):
+        policy.verified(64, tree, [1, 2])
+    assert policy.model.trials(node_key(tree, 3)) == 8
+    assert policy.select(tree, "full") == [1, 2]
+    policy = FittedTree(curve, 64, extend_trials=9)
+    for _ in range(8):
+        policy.verified(64, tree, [1, 2])
+    assert policy.select(tree, "full") == [1, 2, 3]
 
 
 def test_the_exploration_floor_probes_every_ninth_cut_in_a_row():

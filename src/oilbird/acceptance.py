@@ -112,6 +112,10 @@ class AcceptanceModel:
         tried, accepted = self.context_counts.get((context, key), (0, 0))
         return (accepted + estimate * self.context_weight) / (tried + self.context_weight)
 
+    def trials(self, key: tuple[str, int, int]) -> int:
+        """How many times a node of this key was tried (its parent accepted)."""
+        return self.counts.get(key, (0, 0))[0]
+
     def node_probs(self, tree: DraftTree, context: str = "", shapes: list[Shape] | None = None) -> list[float]:
         """P(accepted | parent accepted) for every node; 1 for the root. `shapes`: per node (root
         included), its shape in the proposed tree (`node_shapes`), or None to ignore shapes."""

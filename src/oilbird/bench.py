@@ -211,7 +211,8 @@ class Harness:
             options = self.budget_config
             return FittedTree(self.curves[spec], FIT_PROPOSAL_BUDGET, use_context=options.fit_context,
                               objective=options.fit_objective, explore_every=options.fit_explore_every,
-                              explore_nodes=options.fit_explore_nodes, use_shape=options.fit_shape)
+                              explore_nodes=options.fit_explore_nodes, use_shape=options.fit_shape,
+                              extend_trials=options.fit_extend_trials)
         return AdaptiveBudget(self.curves[spec], self.budget_config, AUTO_MAX_BUDGET)
 
     def run(self, spec: str, budget: str, drafter, ids: list[int], request_id: str, limit: int,

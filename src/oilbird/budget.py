@@ -73,6 +73,11 @@ class BudgetConfig:
     fit_shape: bool = True
     """In 'fit', refine each node's acceptance estimate by its shape in the drafter's proposal:
     the height of the subtree under it and its number of siblings (oilbird/acceptance.py)."""
+    fit_extend_trials: int = 8
+    """In 'fit', after a request's tree was accepted whole, also verify the likeliest node that
+    deepens it whose key was tried fewer than this many times: a key that missed its first few
+    trials is tried again where the request is copying, instead of cut for good (0: never;
+    oilbird/tree_select.py, stop 59)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("fixed", "auto"):
@@ -91,6 +96,8 @@ class BudgetConfig:
         if self.fit_explore_every < 0 or self.fit_explore_nodes < 1:
             raise ValueError(f"fit_explore_every must be >= 0 and fit_explore_nodes >= 1, got "
                              f"{self.fit_explore_every} and {self.fit_explore_nodes}")
+        if self.fit_extend_trials < 0:
+            raise ValueError(f"fit_extend_trials must be >= 0 (0: never), got {self.fit_extend_trials}")
         if self.fit_objective not in FIT_OBJECTIVES:
             raise ValueError(f"fit_objective must be one of {FIT_OBJECTIVES}, got {self.fit_objective!r}")
 

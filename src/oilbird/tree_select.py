@@ -26,6 +26,15 @@ Each estimate is refined by the node's shape in the proposal (`node_shapes` in
 oilbird/acceptance.py: how far the drafter went on past it, how many siblings it has), which says
 in any drafter's currency how sure the drafter was (`use_shape`, on by default; stop 58).
 
+The floor only fires when a whole proposal is cut. A single key can lock in too, mid-tree: on
+Qwen2.5-Coder's API-Bank stream, `oilbird-suffix`'s estimate for one depth-3 key fell to 0.32
+after three early misses, every later proposal was cut above it, the nodes under it were never
+tried, and half of its trees were then accepted whole (stop 59). So after a tree that the
+request's walk accepted whole (context 'full'), the fit also verifies the likeliest node that
+deepens the kept tree, if its key has been tried fewer than `extend_trials` times (`extend`): a
+young key gets more trials exactly where the request is copying, and a key with a record is left
+to it.
+
 The estimates may also be conditioned on how the request's previous tree went (`tree_outcome`:
 'idle', 'miss', 'part', 'full'), as the vLLM chain policy's are: a request that is copying a
 past answer keeps copying, one writing new text keeps missing, and the fit spends accordingly.
@@ -33,7 +42,7 @@ past answer keeps copying, one writing new text keeps missing, and the fit spend
 
 from __future__ import annotations
 
-from oilbird.acceptance import AcceptanceModel, ExplorationFloor, Shape, node_shapes, tried_nodes
+from oilbird.acceptance import AcceptanceModel, ExplorationFloor, Shape, node_key, node_shapes, tried_nodes
 from oilbird.budget import FIT_OBJECTIVES
 from oilbird.cost_curve import CostCurve
 from oilbird.tree import DraftTree
@@ -81,6 +90,17 @@ def likeliest(reach: list[float], k: int) -> list[int]:
     return sorted(_by_reach(reach)[:k])
 
 
+def extend(tree: DraftTree, keep: list[int], reach: list[float], eligible) -> list[int]:
+    """`keep` plus the likeliest node that deepens it (a child of one of its leaves) for which
+    `eligible(node)` holds, if any: still ancestor-closed."""
+    kept = set(keep)
+    leaves = kept - {tree.parents[n] for n in kept}
+    frontier = [n for n in range(1, len(tree)) if n not in kept and tree.parents[n] in leaves and eligible(n)]
+    if frontier:
+        kept.add(max(frontier, key=lambda n: (reach[n], -n)))
+    return sorted(kept)
+
+
 def _by_reach(reach: list[float]) -> list[int]:
     return sorted(range(1, len(reach)), key=lambda n: (-reach[n], n))
 
@@ -115,21 +135,27 @@ class FittedTree:
         explore_nodes: the probe's size: the proposal's likeliest nodes, root excluded.
         use_shape: refine the estimates by each node's shape in the proposal (`node_shapes`:
             how far the drafter continued past it, how many siblings it has).
+        extend_trials: after a tree the request's walk accepted whole (context 'full'), also
+            verify the likeliest node just past the cut whose key was tried fewer than this many
+            times (`extend`; 0: never).
 
     Raises:
-        ValueError: an unknown objective, or a negative `explore_every` or `explore_nodes` < 1.
+        ValueError: an unknown objective, a negative `explore_every` or `extend_trials`, or
+            `explore_nodes` < 1.
     """
 
     def __init__(self, curve: CostCurve, max_budget: int, model: AcceptanceModel | None = None,
                  use_context: bool = False, objective: str = "step", explore_every: int = 8,
-                 explore_nodes: int = 3, use_shape: bool = True) -> None:
+                 explore_nodes: int = 3, use_shape: bool = True, extend_trials: int = 8) -> None:
         if objective not in FIT_OBJECTIVES:
             raise ValueError(f"fit objective must be one of {FIT_OBJECTIVES}, got {objective!r}")
         if explore_nodes < 1:
             raise ValueError(f"explore_nodes must be >= 1, got {explore_nodes}")
+        if extend_trials < 0:
+            raise ValueError(f"extend_trials must be >= 0 (0: never), got {extend_trials}")
         self.floor, self.explore_nodes = ExplorationFloor(explore_every), explore_nodes
         self.curve, self.max_budget, self.use_context = curve, max_budget, use_context
-        self.use_shape = use_shape
+        self.use_shape, self.extend_trials = use_shape, extend_trials
         self._shapes: list[Shape] | None = None  # the selected nodes' shapes in their proposal, root first
         self.model = model or AcceptanceModel()
         self.objective = objective
@@ -160,6 +186,8 @@ class FittedTree:
                 self.floor.drafted()
             elif self.floor.probe_due():
                 keep = likeliest(reach, self.explore_nodes)
+            if keep and context == "full" and self.extend_trials:
+                keep = extend(tree, keep, reach, lambda n: self.model.trials(node_key(tree, n)) < self.extend_trials)
         # The verified tree is the proposal pruned to `keep`, renumbered in order: its nodes'
         # shapes are those they had in the proposal, kept here for `verified`.
         self._shapes = [shapes[0]] + [shapes[n] for n in keep]
