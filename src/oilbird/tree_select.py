@@ -136,8 +136,8 @@ class FittedTree:
         use_shape: refine the estimates by each node's shape in the proposal (`node_shapes`:
             how far the drafter continued past it, how many siblings it has).
         extend_trials: after a tree the request's walk accepted whole (context 'full'), also
-            verify the likeliest node just past the cut whose key was tried fewer than this many
-            times (`extend`; 0: never).
+            verify the likeliest node that deepens the kept tree (a child of a kept leaf) whose
+            key was tried fewer than this many times (`extend`; 0: never).
 
     Raises:
         ValueError: an unknown objective, a negative `explore_every` or `extend_trials`, or
