@@ -112,6 +112,9 @@ def test_additional_config_names_unknown_options():
     with pytest.raises(ConfigError, match="calibration_shape must be true or false"):
         EngineDrafterConfig.from_additional_config({"oilbird": {"calibration_shape": "false"}})
     assert EngineDrafterConfig.from_additional_config({"oilbird": {"calibration_shape": True}}).calibration_shape
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ConfigError, match="extend_trials must be an integer >= 0"):
+            EngineDrafterConfig(extend_trials=bad)
 
 
 def test_the_draft_length_adapts_to_acceptance():

@@ -52,6 +52,48 @@ def test_the_chain_is_cut_where_its_reach_falls_below_min_reach():
     assert cal.choose(tree, 8, min_reach=0.6) == []  # nothing worth verifying: no drafts
 
 
+def test_after_a_chain_accepted_whole_a_young_key_past_the_cut_is_tried():
+    cal = ChainCalibrator(prior=0.5)
+    tree = two_branches()  # pld chain 2 -> 3 -> 4: reach 0.5, 0.25, 0.125
+    assert cal.choose(tree, 8, 0.2, context="full") == [2, 3]  # the rule off (extend_trials 0)
+    assert cal.choose(tree, 8, 0.2, context="full", extend_trials=8) == [2, 3, 4]  # one node more
+    assert cal.choose(tree, 8, 0.2, context="part", extend_trials=8) == [2, 3]  # only after 'full'
+    assert cal.choose(tree, 2, 0.2, context="full", extend_trials=8) == [2, 3]  # never past max_len
+    assert cal.choose(tree, 8, 0.6, context="full", extend_trials=8) == [2]  # one node, then stop
+
+
+def test_a_key_tried_enough_times_is_left_to_its_estimate():
+    cal = ChainCalibrator(prior=0.5)
+    tree = two_branches()
+    deep = node_key(tree, 4)
+    for _ in range(8):  # node 4's key tried 8 times, accepted each time after its parents
+        cal.update(tree.subtree([2, 3, 4]), accepted=3)
+    cal.counts[deep] = [8, 0]  # ... but its record says it always fails
+    assert cal.trials(deep) == 8
+    assert cal.choose(tree, 8, 0.2, context="full", extend_trials=8) == cal.choose(tree, 8, 0.2, context="full")
+    assert cal.choose(tree, 8, 0.2, context="full", extend_trials=9)[-1] == 4  # one trial younger: tried
+
+
+def test_the_chain_lock_in_mends_with_the_rule():
+    """A deep key that missed its first trials is cut for ever without the rule; with it, a
+    request copying a long match (every chain accepted whole) tries it again and learns it."""
+    for extend, expect_learnt in ((0, False), (8, True)):
+        cal = ChainCalibrator(prior=0.9)
+        tree = DraftTree.root(0)
+        tree.add_chain(0, [1, 2, 3, 4, 5], "pld", [0.9] * 5)
+        deep = node_key(tree, 3)
+        cal.counts[deep] = [5, 0]  # five early misses at depth 3: its estimate 1.8 / 7 < 0.3
+        lengths = []
+        for _ in range(20):
+            path = cal.choose(tree, 8, 0.3, context="full", extend_trials=extend)
+            lengths.append(len(path))
+            cal.update(tree.subtree(path), accepted=len(path), context="full")  # all accepted
+        assert (lengths[-1] == 5) == expect_learnt, lengths
+        assert lengths[0] == (3 if extend else 2)
+        if not extend:
+            assert set(lengths) == {2}  # locked: nodes 3-5 never verified again
+
+
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6]
 
 
@@ -140,6 +182,17 @@ def test_the_adapter_calibrates_each_chain_in_the_context_it_was_proposed_in():
     (first,) = plain.step([step("b", [7])], max_drafts=4)
     plain.step([step("b", [8, 5, 0], drafts=first)], max_drafts=4)
     assert not plain.calibrators["t"].context_counts and not plain.contexts
+
+
+def test_the_adapter_extends_a_chain_after_one_accepted_whole_when_configured():
+    chains = {}
+    for extend in (0, 8):
+        engine = EngineDrafter.build(EngineDrafterConfig(method="pld", min_reach=0.5, extend_trials=extend))
+        (first,) = engine.step([step("a", [7])], max_drafts=6)  # prior 0.8: reach 0.8, 0.64, 0.51, 0.41
+        (second,) = engine.step([step("a", first + [9], drafts=first)], max_drafts=6)  # all accepted
+        assert first == [8, 5, 6] and engine.contexts["a"] == "full"
+        chains[extend] = second
+    assert chains[8] == chains[0] + [5]  # one young key past the cut
 
 
 def test_the_chain_keeps_its_nodes_shapes_in_the_tree_for_the_update():

@@ -254,7 +254,8 @@ class EngineDrafter:
         if self.config.length_policy == "calibrated":
             tenant = self.drafter.requests[request_id].tenant
             shapes = node_shapes(tree) if self.config.calibration_shape else None
-            path = self._calibrator(tenant).choose(tree, max_drafts, min_reach, self._context(request_id), shapes)
+            path = self._calibrator(tenant).choose(tree, max_drafts, min_reach, self._context(request_id), shapes,
+                                                   self.config.extend_trials)
             if not path and len(tree) > 1:
                 path = self._probe(tenant, tree, max_drafts, request_id, shapes)
             elif path:

@@ -18,7 +18,7 @@ tried before its record can condemn it.
 
 from __future__ import annotations
 
-from oilbird.acceptance import AcceptanceModel, Shape
+from oilbird.acceptance import AcceptanceModel, Shape, node_key
 from oilbird.tree import DraftTree
 
 MAX_BATCH_REACH = 0.5
@@ -59,12 +59,16 @@ class ChainCalibrator(AcceptanceModel):
         self.update_tree(chain, list(range(1, accepted + 1)), context, shapes)
 
     def choose(self, tree: DraftTree, max_len: int, min_reach: float, context: str = "",
-               shapes: list[Shape] | None = None) -> list[int]:
+               shapes: list[Shape] | None = None, extend_trials: int = 0) -> list[int]:
         """The chain to verify: from the root, the child whose subtree promises the most accepted
         tokens (its estimate times one plus its best child's promise, the earliest built on a
         tie), while the probability of reaching the next node stays at least `min_reach`.
         `context` names the request's situation (`AcceptanceModel`), '' for none; `shapes` the
-        tree's `node_shapes`, or None to estimate without them.
+        tree's `node_shapes`, or None to estimate without them. In context 'full' (the request's
+        last chain was accepted whole) the node the cut falls on is verified anyway if its key
+        has been tried fewer than `extend_trials` times: a key whose first trials failed would
+        otherwise never be tried again, and every key under it with it (our engine's 'fit'
+        budget does the same, `tree_select.extend`).
 
         Returns:
             The path's node indices, root excluded, at most `max_len`.
@@ -84,6 +88,8 @@ class ChainCalibrator(AcceptanceModel):
             node = max(children, key=lambda c: (p[c] * (1.0 + best_child[c]), -c))
             reach *= p[node]
             if reach < min_reach:
+                if context == "full" and self.trials(node_key(tree, node)) < extend_trials:
+                    path.append(node)  # one young key past the cut, then stop
                 break
             path.append(node)
         return path

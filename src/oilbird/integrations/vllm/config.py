@@ -55,6 +55,12 @@ class EngineDrafterConfig:
     (estimates learn only from what is verified); 0: never."""
     explore_drafts: int = 2
     """'calibrated': the length of such a probe (at most vLLM's num_speculative_tokens)."""
+    extend_trials: int = 0
+    """'calibrated': after a chain the engine accepted whole, the draft token the cut falls on is
+    proposed anyway if its key (source, depth, score bin) has been tried fewer than this many times
+    for the tenant, so that a key condemned by its first misses can be tried again (our engine's
+    `--budget-fit-extend-trials`); 0: never. It reads the request's last outcome, so it needs
+    `calibration_context` 'outcome'."""
     calibration_context: str = "outcome"
     """'calibrated': what else the acceptance estimates are kept by: 'outcome', how the request's
     previous chain went (none proposed, none accepted, some, all; a request copying a past answer
@@ -89,6 +95,8 @@ class EngineDrafterConfig:
         if self.explore_every < 0 or self.explore_drafts < 1:
             raise ConfigError(f"explore_every must be >= 0 and explore_drafts >= 1, got "
                               f"{self.explore_every} and {self.explore_drafts}")
+        if isinstance(self.extend_trials, bool) or not isinstance(self.extend_trials, int) or self.extend_trials < 0:
+            raise ConfigError(f"extend_trials must be an integer >= 0 (0: never), got {self.extend_trials!r}")
         if not isinstance(self.calibration_shape, bool):
             raise ConfigError(f"calibration_shape must be true or false (a JSON boolean), "
                               f"got {self.calibration_shape!r}")
