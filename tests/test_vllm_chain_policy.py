@@ -66,9 +66,7 @@ def test_a_key_tried_enough_times_is_left_to_its_estimate():
     cal = ChainCalibrator(prior=0.5)
     tree = two_branches()
     deep = node_key(tree, 4)
-    for _ in range(8):  # node 4's key tried 8 times, accepted each time after its parents
-        cal.update(tree.subtree([2, 3, 4]), accepted=3)
-    cal.counts[deep] = [8, 0]  # ... but its record says it always fails
+    cal.counts[deep] = [8, 0]  # node 4's key: tried 8 times, never accepted
     assert cal.trials(deep) == 8
     assert cal.choose(tree, 8, 0.2, context="full", extend_trials=8) == cal.choose(tree, 8, 0.2, context="full")
     assert cal.choose(tree, 8, 0.2, context="full", extend_trials=9)[-1] == 4  # one trial younger: tried
