@@ -20,8 +20,9 @@ from oilbird.drafters.base import Drafter
 from oilbird.errors import PromptError
 from oilbird.prefix_cache import PrefixCache
 from oilbird.sampling import Sampler, SamplingConfig
+from oilbird.tree import DraftTree
 from oilbird.tree_select import FittedTree, tree_outcome
-from oilbird.verifier import TreeVerifier
+from oilbird.verifier import TreeVerifier, Verification
 
 
 @dataclass
@@ -178,17 +179,8 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
             result.forward_s_per_forward.append(ver.forward_s)
             t = time.perf_counter()
             accepted = ver.path  # what the verifier accepted, also past the request's last token
-            committed = ver.committed[: config.max_new_tokens - len(out)]
-            if len(committed) < len(ver.committed):  # overshoot: nobody sees the dropped tail
-                result.excess_tokens += len(ver.committed) - len(committed)
-                path = ver.path[: len(committed)]
-                ver = replace(ver, committed=committed, path=path, forgiven=[c for c in ver.forgiven if c in path])
-            result.forgiven_positions += [len(out) + ver.path.index(c) for c in ver.forgiven]
-            out.extend(committed)
-            result.add_sample_terms(ver.sample_terms[: len(committed)])
-            result.committed_per_forward.append(len(committed))
-            result.nodes_per_forward.append(len(tree))
-            _attribute(result, tree, ver.path)
+            ver = _record(result, tree, ver, config.max_new_tokens)
+            committed = ver.committed
             if budget_policy is not None:
                 # The policy learns what verification accepted: a tail cut by max_new_tokens
                 # was accepted, and counting it as rejected would teach it that deep nodes fail.
@@ -208,6 +200,25 @@ def decode(verifier: TreeVerifier, drafter: Drafter, prompt_ids: list[int],
         drafter.stop_request(request_id)
     result.wall_s = time.perf_counter() - start
     return result
+
+
+def _record(result: RequestResult, tree: DraftTree, ver: Verification, max_new_tokens: int) -> Verification:
+    """Commit one verification's tokens to `result` (outputs, per-forward counts, attribution),
+    cut at `max_new_tokens`. Returns the verification as the drafter may see it: past the
+    limit its committed tokens, path and forgiven nodes are dropped, since nobody sees that tail."""
+    out = result.output_ids
+    committed = ver.committed[: max_new_tokens - len(out)]
+    if len(committed) < len(ver.committed):  # overshoot
+        result.excess_tokens += len(ver.committed) - len(committed)
+        path = ver.path[: len(committed)]
+        ver = replace(ver, committed=committed, path=path, forgiven=[c for c in ver.forgiven if c in path])
+    result.forgiven_positions += [len(out) + ver.path.index(c) for c in ver.forgiven]
+    out.extend(committed)
+    result.add_sample_terms(ver.sample_terms[: len(committed)])
+    result.committed_per_forward.append(len(committed))
+    result.nodes_per_forward.append(len(tree))
+    _attribute(result, tree, ver.path)
+    return ver
 
 
 def _propose(drafter: Drafter, request_id: str, cap: int, budget_policy, context: str):
