@@ -70,6 +70,34 @@ def test_tree_respects_budget_depth_and_tags_shared_nodes():
     assert branch_nodes and all(tree.sources[n] == {"tr"} for n in branch_nodes)
 
 
+def test_spine_probabilities_scale_the_spine_scores_and_nothing_else():
+    cfg = GooseConfig()
+    chain = [2, 3, 4]
+    plain, spine = build_goose_tree(1, None, chain, 0.5, 0.5, SuccessorTable(), cfg, budget=10)
+    scored, same = build_goose_tree(1, None, chain, 0.5, 0.5, SuccessorTable(), cfg, budget=10,
+                                    spine_probs=[0.8, 0.4, 0.2])
+    assert spine == same and scored.tokens == plain.tokens and scored.parents == plain.parents
+    assert [plain.scores[n] for n in spine] == [0.5] * 3
+    assert [scored.scores[n] for n in spine] == pytest.approx([0.4, 0.2, 0.1])
+
+
+def test_pool_spine_with_count_scores_scores_by_the_pools_counts():
+    drafter = make_drafter("goose", GooseConfig(spine="pool", spine_count_scores=True, harvest_prefill=False))
+    for rid, output in (("r1", [4, 5, 6]), ("r2", [4, 7, 8])):
+        drafter.start_request(rid, [1, 2, 3], "t")
+        drafter.observe(rid, Verification(
+            tree=DraftTree.root(3), prefix_len=3, argmax=torch.zeros(1, dtype=torch.long),
+            topk_ids=torch.zeros(1, 1, dtype=torch.long), topk_logits=torch.zeros(1, 1),
+            path=[], committed=output, finished=False))
+        drafter.stop_request(rid)
+    drafter.start_request("r3", [9, 3, 4], "t")
+    tree = drafter.propose("r3", budget=10)
+    spine = drafter.state("r3").spine_nodes
+    c = chain_confidence([0] * 2, False)  # a match of two tokens, "3 4", followed by 5 and by 7
+    assert [tree.tokens[n] for n in spine] == [5, 6]
+    assert [tree.scores[n] for n in spine] == pytest.approx([c / 2, c / 2])
+
+
 def test_no_spine_gives_a_pure_table_tree_and_empty_table_gives_ar():
     cfg = GooseConfig()
     tree, spine = build_goose_tree(1, None, [], 0.0, 0.5, filled_table(), cfg, budget=20)

@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 import torch
 
 from oilbird.drafters import make_drafter
@@ -50,6 +51,41 @@ def test_occurrence_recent_copies_the_latest_past_request_and_own_text():
     drafter = drafters["recent"]
     drafter.start_request("r4", [20, 21, 22, 20, 21, 23, 20, 21], "u")
     assert drafter.propose("r4", budget=3).tokens[1:] == [23, 20]
+
+
+def test_occurrence_frequent_follows_the_pools_majority_and_scores_its_nodes():
+    drafters = {name: make_drafter("sam", SAMConfig(max_candidates=1, **kw))
+                for name, kw in (("first", {}), ("scored", dict(count_scores=True)),
+                                 ("frequent", dict(occurrence="frequent")))}
+    for drafter in drafters.values():
+        serve(drafter, "r1", [1, 2, 3], [4, 5, 6])
+        serve(drafter, "r2", [1, 2, 3], [4, 7, 8])
+        serve(drafter, "r3", [1, 2, 3], [4, 7, 9])
+        drafter.start_request("r4", [9, 3, 4], "t")
+    first = drafters["first"].propose("r4", budget=3)
+    assert first.tokens[1:] == [5, 6] and first.scores[1:] == [1.0, 1.0]  # unscored: all 1
+    scored = drafters["scored"].propose("r4", budget=3)
+    # The same chain, each node scored by how often its path followed "3 4": 5 once in three.
+    assert scored.tokens[1:] == [5, 6] and scored.scores[1:] == pytest.approx([1 / 3, 1 / 3])
+    frequent = drafters["frequent"].propose("r4", budget=3)
+    # "3 4" is followed by 7 twice; "3 4 7" by 8 and 9 once each: the earlier (r2's) wins.
+    assert frequent.tokens[1:] == [7, 8] and frequent.scores[1:] == pytest.approx([2 / 3, 1 / 3])
+    chain, length, probs = drafters["frequent"].longest_match("r4", 2)
+    assert (chain, length) == ([7, 8], 2) and probs == pytest.approx([2 / 3, 1 / 3])
+    assert drafters["first"].longest_match("r4", 2) == ([5, 6], 2, None)
+
+
+def test_count_scores_read_the_requests_own_text_too():
+    # Its own text: "5 6" occurred twice before the newest position, followed by 7 and by 8;
+    # the newest occurrence, the query itself, has no continuation and counts for nothing.
+    drafter = make_drafter("sam", SAMConfig(max_candidates=1, occurrence="frequent"))
+    drafter.start_request("r", [5, 6, 7, 5, 6, 8, 5, 6], "t")
+    tree = drafter.propose("r", budget=3)
+    assert tree.tokens[1:] == [7, 5] and tree.scores[1:] == pytest.approx([0.5, 0.5])
+    for token in (7, 5, 6):  # the counts follow the text as it grows
+        commit(drafter, "r", [token])
+    tree = drafter.propose("r", budget=2)  # the longest match, "5 6 7 5 6", was followed by 8 alone
+    assert tree.tokens[1:] == [8] and tree.scores[1:] == [1.0]
 
 
 def test_local_text_drafts_and_never_matches_itself():

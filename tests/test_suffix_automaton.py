@@ -130,3 +130,47 @@ def test_recent_continuation_copies_the_latest_occurrence():
     plain.extend_many([1, 2])
     with pytest.raises(ValueError, match="track_recent"):
         plain.continuation(plain.match([1])[0], 1, recent=True)
+
+
+def brute_count(stream, sub):
+    n = len(sub)
+    return sum(stream[i:i + n] == sub for i in range(len(stream) - n + 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=tokens.filter(bool), data=st.data())
+def test_track_counts_gives_every_substrings_occurrences(stream, data):
+    sam = SuffixAutomaton(track_counts=True)
+    for i, token in enumerate(stream):  # documents too: separators split the counts
+        sam.extend(token)
+        if data.draw(st.booleans()):
+            sam.end_document()
+    text = sam.tokens
+    start = data.draw(st.integers(0, len(text) - 1))
+    sub = text[start:data.draw(st.integers(start + 1, len(text)))]
+    if any(t < 0 for t in sub):
+        return
+    state, length = sam.match(sub)
+    assert length == len(sub) and sam.count[state] == brute_count(text, sub)
+
+
+def test_frequent_continuation_follows_the_majority_and_scores_by_count_ratios():
+    sam = SuffixAutomaton(track_counts=True)
+    for doc in ([1, 2, 3, 9], [1, 2, 4, 5], [1, 2, 4, 6]):
+        sam.extend_many(doc)
+        sam.end_document()
+    state, _ = sam.match([1, 2])
+    tokens, probs = sam.frequent_continuation(state, 5)
+    # "1 2" is followed by 4 twice and 3 once; "1 2 4" by 5 and 6 once each (the earliest wins
+    # the tie); "1 2 4 5" only by the separator: the chain stops there.
+    assert tokens == [4, 5]
+    assert probs == pytest.approx([2 / 3, 1 / 3])
+    assert sam.continuation(state, 2) == [3, 9]  # the first occurrence, for contrast
+    assert sam.path_probs(state, [3, 9]) == pytest.approx([1 / 3, 1 / 3])
+    assert sam.path_probs(state, [3, 7]) == pytest.approx([1 / 3])  # "1 2 3 7" never occurred
+    plain = SuffixAutomaton()
+    plain.extend_many([1, 2])
+    with pytest.raises(ValueError, match="track_counts"):
+        plain.frequent_continuation(plain.match([1])[0], 1)
+    with pytest.raises(ValueError, match="track_counts"):
+        plain.path_probs(plain.match([1])[0], [2])

@@ -35,6 +35,9 @@ class PoolConfig:
     track_recent: bool = False
     """Keep each automaton state's most recent occurrence too (`SuffixAutomaton(track_recent=True)`),
     for drafters that copy from it."""
+    track_counts: bool = False
+    """Keep each automaton state's occurrence count too (`SuffixAutomaton(track_counts=True)`),
+    for drafters that follow or score continuations by frequency."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -49,7 +52,7 @@ class TokenStore:
         self.requests: deque[tuple[str, list[int]]] = deque()
         self.num_tokens = 0
         self.evicted_requests = 0
-        self.sam = SuffixAutomaton(self.config.track_recent)
+        self.sam = SuffixAutomaton(self.config.track_recent, self.config.track_counts)
         self._indexed_tokens = 0  # tokens in the automaton, evicted ones included
         self.version = 0
         """Bumped whenever the automaton changes, so cursors into it know to re-match."""
@@ -74,7 +77,7 @@ class TokenStore:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        self.sam = SuffixAutomaton(self.config.track_recent)
+        self.sam = SuffixAutomaton(self.config.track_recent, self.config.track_counts)
         for _, tokens in self.requests:
             self.sam.extend_many(tokens)
             self.sam.end_document()

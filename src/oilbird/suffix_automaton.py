@@ -9,6 +9,10 @@ Contract:
   end of the *most recent* occurrence (`continuation(..., recent=True)`): repetitive traffic
   (tool calls, templates) tends to repeat what it did last. Keeping it costs a walk up the suffix
   links at every `extend` (every suffix of the stream gains the new end), so it is opt-in.
+- With `track_counts`, states also count their occurrences (`count`, the size of their end-position
+  set), by the same walk up the suffix links. A match then knows how often each next token
+  followed it: `frequent_continuation` follows the most frequent one (SuffixDecoding's choice)
+  and `path_probs` scores any continuation by the product of count ratios along it.
 - A cursor `(state, length)` tracks the longest suffix of some query text that occurs in the
   stream. `advance` moves it by one token; callers advance *before* extending with the same
   token, so the text never matches its own newest position.
@@ -24,8 +28,12 @@ from typing import Iterable, Sequence
 class SuffixAutomaton:
     """Online suffix automaton with first-occurrence end positions."""
 
-    def __init__(self, track_recent: bool = False) -> None:
+    def __init__(self, track_recent: bool = False, track_counts: bool = False) -> None:
         self.track_recent = track_recent
+        self.track_counts = track_counts
+        self.count: list[int] = [0]
+        """Occurrences of each state's strings in the stream (kept only with `track_counts`;
+        the root's stays 0)."""
         self.last_end: list[int] = [-1]
         """Index in `tokens` where the most recent occurrence of the state's strings ends
         (kept only with `track_recent`)."""
@@ -61,6 +69,8 @@ class SuffixAutomaton:
         if self.track_recent:  # untracked automata keep only [-1] for the root
             self.last_end.append(first_end if last_end is None else last_end)
             self.prev_end.append(-1)
+        if self.track_counts:
+            self.count.append(0)
         return len(self.length) - 1
 
     def extend(self, token: int) -> None:
@@ -84,12 +94,19 @@ class SuffixAutomaton:
                 while p != -1 and self.next[p].get(token) == q:
                     self.next[p][token] = clone
                     p = self.link[p]
+                if self.track_counts:  # the clone's strings occur wherever q's do
+                    self.count[clone] = self.count[q]
                 self.link[q] = self.link[cur] = clone
         self.last = cur
         if self.track_recent:  # every suffix of the stream now also ends here
             end, p = len(self.tokens) - 1, self.link[cur]
             while p > 0:
                 self.prev_end[p], self.last_end[p] = self.last_end[p], end
+                p = self.link[p]
+        if self.track_counts:  # ... and occurs once more
+            p = cur
+            while p > 0:
+                self.count[p] += 1
                 p = self.link[p]
 
     def extend_many(self, tokens: Iterable[int]) -> None:
@@ -144,6 +161,62 @@ class SuffixAutomaton:
                 break
             out.append(token)
         return out
+
+    def _followers(self, state: int) -> int:
+        """Occurrences of `state`'s strings followed by a token (a separator included)."""
+        count = self.count
+        return sum(count[t] for t in self.next[state].values())
+
+    def frequent_continuation(self, state: int, max_tokens: int) -> tuple[list[int], list[float]]:
+        """Up to `max_tokens` tokens after `state`'s strings, each the token that most often
+        followed the text matched so far (ties: the earliest occurrence), with the estimated
+        probability of each token's whole path: the product of count ratios along it. Stops at a
+        document separator, or where nothing follows.
+
+        Raises:
+            ValueError: on an automaton built without `track_counts`.
+        """
+        if not self.track_counts:
+            raise ValueError("frequent_continuation needs SuffixAutomaton(track_counts=True)")
+        tokens: list[int] = []
+        probs: list[float] = []
+        prob, count, first_end = 1.0, self.count, self.first_end
+        while len(tokens) < max_tokens and state > 0:
+            options = self.next[state]
+            total = sum(count[t] for t in options.values())
+            best, best_state = -1, -1
+            for token, nxt in options.items():
+                if token >= 0 and (best_state < 0 or count[nxt] > count[best_state]
+                                   or (count[nxt] == count[best_state] and first_end[nxt] < first_end[best_state])):
+                    best, best_state = token, nxt
+            if best_state < 0:
+                break
+            prob *= count[best_state] / total
+            tokens.append(best)
+            probs.append(prob)
+            state = best_state
+        return tokens, probs
+
+    def path_probs(self, state: int, tokens: Sequence[int]) -> list[float]:
+        """The estimated probability of each token's path after `state`'s strings (the product
+        of count ratios along it, as `frequent_continuation` gives), for a continuation copied
+        from any occurrence; the list stops early where `tokens` leaves the stream's text.
+
+        Raises:
+            ValueError: on an automaton built without `track_counts`.
+        """
+        if not self.track_counts:
+            raise ValueError("path_probs needs SuffixAutomaton(track_counts=True)")
+        probs: list[float] = []
+        prob = 1.0
+        for token in tokens:
+            nxt = self.next[state].get(int(token)) if state > 0 else None
+            if nxt is None:
+                break
+            prob *= self.count[nxt] / self._followers(state)
+            probs.append(prob)
+            state = nxt
+        return probs
 
     def candidates(self, state: int, length: int, count: int,
                    min_length: int = 1) -> list[tuple[int, int, int]]:

@@ -6,7 +6,8 @@
   With `spine='pool'` the chain comes instead from the longest suffix match in the request or
   its tenant's past requests (suffix automata, `oilbird/drafters/sam.py`), the reading of
   Oilbird's lexical key in ALGORITHMS.md §7; a match of m tokens gets the confidence of a
-  context chain of m tokens.
+  context chain of m tokens. With `spine_count_scores` each spine node's score is that
+  confidence times its path's probability under the pool's counts (`SAMConfig.count_scores`).
 - *Branches*: successors from a two-tier successor table (bigram (prev, cur) first, then unigram
   cur) harvested from the target's top-K at every node of every forward, rejected nodes and the
   prefill included. Scores are the softmax over the top-K logits. (GOOSE calls it an adjacency
@@ -89,8 +90,12 @@ class GooseConfig:
     """Where the spine comes from: 'context' (GOOSE: n-grams of the request's own text) or 'pool'
     (the longest suffix match in the request and its tenant's past requests, as `sam` drafts)."""
     spine_occurrence: str = "first"
-    """spine='pool': copy the spine from the first or the most recent occurrence of the match
-    (`SAMConfig.occurrence`)."""
+    """spine='pool': copy the spine from the first or the most recent occurrence of the match,
+    or follow its most frequent continuation ('first', 'recent', 'frequent': `SAMConfig.occurrence`)."""
+    spine_count_scores: bool = False
+    """spine='pool': score each spine node by the confidence times its path's probability under
+    the pool's occurrence counts, instead of the confidence alone (`SAMConfig.count_scores`;
+    implied by spine_occurrence='frequent')."""
     spine_live: bool = True
     """spine='pool': also match the committed text of the tenant's other requests in flight
     (`SAMConfig.live`): in an engine's batch a request drafts from the answers its neighbors
@@ -103,8 +108,9 @@ class GooseConfig:
             raise ValueError("top_k, node_budget, max_chain and max_rows must be >= 1")
         if self.spine not in ("context", "pool"):
             raise ValueError(f"spine must be 'context' or 'pool', got {self.spine!r}")
-        if self.spine_occurrence not in ("first", "recent"):
-            raise ValueError(f"spine_occurrence must be 'first' or 'recent', got {self.spine_occurrence!r}")
+        if self.spine_occurrence not in ("first", "recent", "frequent"):
+            raise ValueError("spine_occurrence must be 'first', 'recent' or 'frequent', "
+                             f"got {self.spine_occurrence!r}")
         if not self.ngrams():
             raise ValueError(f"ngram_sizes must list positive sizes, got {self.ngram_sizes!r}")
 
@@ -193,8 +199,12 @@ def propose_spine(matcher: ContextMatcher, text: list[int], cfg: GooseConfig) ->
 # --- the tree ------------------------------------------------------------------------------
 
 def build_goose_tree(anchor: int, prev_anchor: int | None, chain: list[int], c: float, ema: float,
-                     table: SuccessorTable, cfg: GooseConfig, budget: int) -> tuple[DraftTree, list[int]]:
-    """GOOSE's Algorithm 1. Returns the tree and the indices of its spine nodes."""
+                     table: SuccessorTable, cfg: GooseConfig, budget: int,
+                     spine_probs: list[float] | None = None) -> tuple[DraftTree, list[int]]:
+    """GOOSE's Algorithm 1. Returns the tree and the indices of its spine nodes.
+
+    `spine_probs`, where given, scales each spine node's score (the confidence `c`) by its
+    path's probability; it changes no node, only what the 'fit' budget reads."""
     total = min(budget, cfg.node_budget + math.floor(c * cfg.budget_extension))
     tree = DraftTree.root(anchor)
     r0 = 0.15 if ema < 0.2 else 0.30 if ema < 0.4 else 0.50
@@ -202,8 +212,8 @@ def build_goose_tree(anchor: int, prev_anchor: int | None, chain: list[int], c: 
     spine_len = min(len(chain), math.floor(total * r), total - 1)
     spine = []
     node = 0
-    for token in chain[:spine_len]:
-        node = tree.add(node, token, SPINE, c)
+    for i, token in enumerate(chain[:spine_len]):
+        node = tree.add(node, token, SPINE, c if spine_probs is None else c * spine_probs[i])
         spine.append(node)
 
     def succ(parent: int) -> list[tuple[int, float]]:
@@ -290,6 +300,7 @@ class Goose(Drafter):
             lambda: SuccessorTable(cfg.max_rows, cfg.top_k))
         # spine='pool': a SAM drafter serves the same request ids as the spine's source.
         self.pool_spine = SAMDrafter(SAMConfig(max_candidates=1, occurrence=cfg.spine_occurrence,
+                                               count_scores=cfg.spine_count_scores,
                                                live=cfg.spine_live)) \
             if cfg.spine == "pool" else None
 
@@ -342,14 +353,15 @@ class Goose(Drafter):
 
     def propose(self, request_id: str, budget: int) -> DraftTree:
         state = self.state(request_id)
+        probs = None
         if self.pool_spine is None:
             chain, c = propose_spine(state.matcher, state.sequence, self.config)
         else:
-            chain, matched = self.pool_spine.longest_match(request_id, budget - 1)
+            chain, matched, probs = self.pool_spine.longest_match(request_id, budget - 1)
             c = chain_confidence([0] * matched, False, self.config.long_match) if chain else 0.0
         prev = state.sequence[-2] if len(state.sequence) > 1 else None
         tree, state.spine_nodes = build_goose_tree(state.anchor, prev, chain, c, state.ema,
-                                                   state.table, self.config, budget)
+                                                   state.table, self.config, budget, probs)
         return tree
 
     def restrict_proposal(self, request_id: str, nodes: list[int]) -> None:

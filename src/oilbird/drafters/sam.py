@@ -11,11 +11,14 @@ committed text so far, as SuffixDecoding's global tree holds active responses): 
 batches requests, a request then drafts from the answers its neighbors are writing, not only from
 those that ended. One request at a time (our decode loop) sees no difference.
 The longest match drafts a chain of `min(max_predicts, 1 + floor(alpha * match_len))` tokens from
-its first occurrence, or its most recent one with `occurrence='recent'` (ties go to the local
-automaton, then the pool's). When that chain is shorter than the budget
-allows, the drafter backs off: the other distinct next tokens after the matched suffix, then after
-shorter suffixes, each start one more chain under the root, until `max_candidates` chains or the
-budget is spent.
+its first occurrence, or its most recent one with `occurrence='recent'`, or token by token the
+one that most often followed the text matched so far with `occurrence='frequent'` (ties go to
+the local automaton, then the pool's). With `count_scores` (and always with 'frequent') each
+chain node is scored by the estimated probability of its path, the product of count ratios
+along it, as SuffixDecoding scores its tree; otherwise the chain's nodes all score 1. When that
+chain is shorter than the budget allows, the drafter backs off: the other distinct next tokens
+after the matched suffix, then after shorter suffixes, each start one more chain under the root,
+until `max_candidates` chains or the budget is spent.
 """
 
 from __future__ import annotations
@@ -48,16 +51,23 @@ class SAMConfig:
     evicted beyond it."""
     occurrence: str = "first"
     """Which occurrence of the matched suffix a chain is copied from: 'first' (SAM-Decoding: the
-    earliest, with the longest tail) or 'recent' (the latest; repetitive traffic tends to repeat
-    its latest turn. The automata then also track latest ends: about 25% more build time)."""
+    earliest, with the longest tail), 'recent' (the latest; repetitive traffic tends to repeat
+    its latest turn. The automata then also track latest ends: about 25% more build time) or
+    'frequent' (token by token the most frequent follower of the text matched so far, as
+    SuffixDecoding drafts; the automata then count occurrences, a walk per token as 'recent')."""
+    count_scores: bool = False
+    """Score the main chain's nodes by the estimated probability of their path (the product of
+    count ratios along it) instead of 1: the 'fit' budget's estimates are keyed by score bins, so
+    it can then tell a continuation the pool agrees on from one it saw once. Implied by
+    occurrence='frequent'."""
     live: bool = False
     """Also match the committed text of the tenant's other requests in flight (see the module
     docstring). Off for `sam` (SAM-Decoding matches its pool and the request only); Oilbird's
     spine turns it on (`GooseConfig.spine_live`)."""
 
     def __post_init__(self) -> None:
-        if self.occurrence not in ("first", "recent"):
-            raise ValueError(f"occurrence must be 'first' or 'recent', got {self.occurrence!r}")
+        if self.occurrence not in ("first", "recent", "frequent"):
+            raise ValueError(f"occurrence must be 'first', 'recent' or 'frequent', got {self.occurrence!r}")
         if self.max_predicts < 1 or self.min_match < 1 or self.max_candidates < 1:
             raise ValueError("max_predicts, min_match and max_candidates must be >= 1")
         if self.alpha <= 0:
@@ -129,14 +139,17 @@ class SAMDrafter(Drafter):
     def __init__(self, config: SAMConfig | None = None) -> None:
         super().__init__(config)
         self.recent = self.config.occurrence == "recent"
-        self.pool = Pool(PoolConfig(self.config.pool_max_tokens, track_recent=self.recent))
+        self.frequent = self.config.occurrence == "frequent"
+        self.counted = self.frequent or self.config.count_scores
+        self.pool = Pool(PoolConfig(self.config.pool_max_tokens, track_recent=self.recent,
+                                    track_counts=self.counted))
 
     def start_request(self, request_id: str, prompt_ids: list[int], tenant: str = "default") -> SAMState:
         state = super().start_request(request_id, prompt_ids, tenant)
         # The request keeps its store: a drop_tenant while it runs orphans it (its text is then
         # lost with it), and nothing re-creates the tenant before its next request.
         state.store = self.pool.get(tenant)
-        state.local = SuffixAutomaton(self.recent)
+        state.local = SuffixAutomaton(self.recent, self.counted)
         state.local_cursor = _Cursor(state.local)
         self._sync_pool_cursor(state)
         for token in prompt_ids:
@@ -202,15 +215,31 @@ class SAMDrafter(Drafter):
             state.store.add_request(request_id, state.sequence)  # only now may others draft from it
         return state
 
-    def longest_match(self, request_id: str, max_tokens: int) -> tuple[list[int], int]:
-        """The chain the longest match drafts (at most `max_tokens`, SAM's length rule) and the
-        match's length; ([], length) when the match is shorter than `min_match`. For drafters that
-        use SAM as a lexical source (GOOSE's `spine='pool'`)."""
+    def _chain(self, cursor: _Cursor, want: int) -> tuple[list[int], list[float] | None]:
+        """The chain `cursor`'s match drafts (at most `want` tokens) and its nodes' path
+        probabilities (None unless the automata count occurrences)."""
+        if not self.counted:
+            return cursor.sam.continuation(cursor.state, want, self.recent), None
+        cursor.refresh()  # an extension may have moved the matched strings to a clone
+        if self.frequent:
+            return cursor.sam.frequent_continuation(cursor.state, want)
+        chain = cursor.sam.continuation(cursor.state, want, self.recent)
+        probs = cursor.sam.path_probs(cursor.state, chain)
+        # A copied continuation is the stream's text, so every token has its count; if one ever
+        # had none, its nodes keep the last known probability rather than vanish.
+        return chain, probs + [probs[-1] if probs else 1.0] * (len(chain) - len(probs))
+
+    def longest_match(self, request_id: str, max_tokens: int) -> tuple[list[int], int, list[float] | None]:
+        """The chain the longest match drafts (at most `max_tokens`, SAM's length rule), the
+        match's length and the chain's path probabilities (None unless counted); ([], length,
+        None) when the match is shorter than `min_match`. For drafters that use SAM as a lexical
+        source (GOOSE's `spine='pool'`)."""
         best = self._cursors(self.state(request_id))[0]
         if best.length < self.config.min_match or max_tokens < 1:
-            return [], best.length
+            return [], best.length, None
         want = min(chain_length(best.length, self.config.alpha, self.config.max_predicts), max_tokens)
-        return best.sam.continuation(best.state, want, self.recent), best.length
+        chain, probs = self._chain(best, want)
+        return chain, best.length, probs
 
     def propose(self, request_id: str, budget: int) -> DraftTree:
         state = self.state(request_id)
@@ -221,7 +250,8 @@ class SAMDrafter(Drafter):
         if best.length < cfg.min_match or budget < 2:
             return tree
         want = chain_length(best.length, cfg.alpha, cfg.max_predicts)
-        tree.add_chain(0, best.sam.continuation(best.state, min(want, budget - 1), self.recent), self.name)
+        chain, probs = self._chain(best, min(want, budget - 1))
+        tree.add_chain(0, chain, self.name, probs)
         chains = 1
         # Back-off: other next tokens after the matched suffix (and shorter ones), one chain each.
         for cursor in cursors:
