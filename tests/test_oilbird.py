@@ -455,3 +455,30 @@ def test_a_semantic_config_checks_its_hosts_fields_and_its_own(config_class, bad
         config_class(**bad_host_field)
     with pytest.raises(ValueError, match="sem_theta"):
         config_class(sem_theta=1.5)
+
+
+def _spine_after_traffic(config: OilbirdConfig) -> tuple[list[int], list[float]]:
+    """The spine's tokens and scores for a request ending "3 4" after three past requests in
+    which "3 4" was followed by 5 once and by 7 twice (text only: no hidden states)."""
+    drafter = make_drafter("oilbird", config)
+    for rid, out in (("r1", [4, 5, 6]), ("r2", [4, 7, 8]), ("r3", [4, 7, 8])):
+        drafter.start_request(rid, [1, 2, 3], "t")
+        drafter.observe(rid, Verification(tree=DraftTree.root(3), prefix_len=0,
+                                          argmax=torch.zeros(1, dtype=torch.long), topk_ids=None,
+                                          topk_logits=None, path=[], committed=out, finished=False))
+        drafter.stop_request(rid)
+    drafter.start_request("r4", [9, 3, 4], "t")
+    tree = drafter.propose("r4", budget=20)
+    spine = drafter.host.state("r4").spine_nodes
+    return [tree.tokens[n] for n in spine], [tree.scores[n] for n in spine]
+
+
+def test_oilbirds_spine_follows_the_pools_most_frequent_continuation_scored_by_its_counts():
+    tokens, scores = _spine_after_traffic(OilbirdConfig())
+    assert tokens == [7, 8]  # the majority, where SAM-Decoding's rule copies the first (5 6)
+    first_tokens, first_scores = _spine_after_traffic(OilbirdConfig(spine_occurrence="first",
+                                                                    spine_count_scores=False))
+    assert first_tokens == [5, 6]
+    # The match's confidence, scaled by each path's probability: 7 followed "3 4" twice in three
+    # times, and "3 4 7" was always followed by 8.
+    assert scores == pytest.approx([first_scores[0] * 2 / 3] * 2)

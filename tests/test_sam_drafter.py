@@ -56,7 +56,8 @@ def test_occurrence_recent_copies_the_latest_past_request_and_own_text():
 def test_occurrence_frequent_follows_the_pools_majority_and_scores_its_nodes():
     drafters = {name: make_drafter("sam", SAMConfig(max_candidates=1, **kw))
                 for name, kw in (("first", {}), ("scored", dict(count_scores=True)),
-                                 ("frequent", dict(occurrence="frequent")))}
+                                 ("frequent", dict(occurrence="frequent", count_scores=True)),
+                                 ("unscored", dict(occurrence="frequent")))}
     for drafter in drafters.values():
         serve(drafter, "r1", [1, 2, 3], [4, 5, 6])
         serve(drafter, "r2", [1, 2, 3], [4, 7, 8])
@@ -70,6 +71,8 @@ def test_occurrence_frequent_follows_the_pools_majority_and_scores_its_nodes():
     frequent = drafters["frequent"].propose("r4", budget=3)
     # "3 4" is followed by 7 twice; "3 4 7" by 8 and 9 once each: the earlier (r2's) wins.
     assert frequent.tokens[1:] == [7, 8] and frequent.scores[1:] == pytest.approx([2 / 3, 1 / 3])
+    unscored = drafters["unscored"].propose("r4", budget=3)
+    assert unscored.tokens[1:] == [7, 8] and unscored.scores[1:] == [1.0, 1.0]
     chain, length, probs = drafters["frequent"].longest_match("r4", 2)
     assert (chain, length) == ([7, 8], 2) and probs == pytest.approx([2 / 3, 1 / 3])
     assert drafters["first"].longest_match("r4", 2) == ([5, 6], 2, None)
@@ -78,7 +81,7 @@ def test_occurrence_frequent_follows_the_pools_majority_and_scores_its_nodes():
 def test_count_scores_read_the_requests_own_text_too():
     # Its own text: "5 6" occurred twice before the newest position, followed by 7 and by 8;
     # the newest occurrence, the query itself, has no continuation and counts for nothing.
-    drafter = make_drafter("sam", SAMConfig(max_candidates=1, occurrence="frequent"))
+    drafter = make_drafter("sam", SAMConfig(max_candidates=1, occurrence="frequent", count_scores=True))
     drafter.start_request("r", [5, 6, 7, 5, 6, 8, 5, 6], "t")
     tree = drafter.propose("r", budget=3)
     assert tree.tokens[1:] == [7, 5] and tree.scores[1:] == pytest.approx([0.5, 0.5])

@@ -94,8 +94,7 @@ class GooseConfig:
     or follow its most frequent continuation ('first', 'recent', 'frequent': `SAMConfig.occurrence`)."""
     spine_count_scores: bool = False
     """spine='pool': score each spine node by the confidence times its path's probability under
-    the pool's occurrence counts, instead of the confidence alone (`SAMConfig.count_scores`;
-    implied by spine_occurrence='frequent')."""
+    the pool's occurrence counts, instead of the confidence alone (`SAMConfig.count_scores`)."""
     spine_live: bool = True
     """spine='pool': also match the committed text of the tenant's other requests in flight
     (`SAMConfig.live`): in an engine's batch a request drafts from the answers its neighbors

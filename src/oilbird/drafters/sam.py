@@ -13,7 +13,7 @@ those that ended. One request at a time (our decode loop) sees no difference.
 The longest match drafts a chain of `min(max_predicts, 1 + floor(alpha * match_len))` tokens from
 its first occurrence, or its most recent one with `occurrence='recent'`, or token by token the
 one that most often followed the text matched so far with `occurrence='frequent'` (ties go to
-the local automaton, then the pool's). With `count_scores` (and always with 'frequent') each
+the local automaton, then the pool's). With `count_scores` each
 chain node is scored by the estimated probability of its path, the product of count ratios
 along it, as SuffixDecoding scores its tree; otherwise the chain's nodes all score 1. When that
 chain is shorter than the budget allows, the drafter backs off: the other distinct next tokens
@@ -58,8 +58,7 @@ class SAMConfig:
     count_scores: bool = False
     """Score the main chain's nodes by the estimated probability of their path (the product of
     count ratios along it) instead of 1: the 'fit' budget's estimates are keyed by score bins, so
-    it can then tell a continuation the pool agrees on from one it saw once. Implied by
-    occurrence='frequent'."""
+    it can then tell a continuation the pool agrees on from one it saw once."""
     live: bool = False
     """Also match the committed text of the tenant's other requests in flight (see the module
     docstring). Off for `sam` (SAM-Decoding matches its pool and the request only); Oilbird's
@@ -216,22 +215,24 @@ class SAMDrafter(Drafter):
         return state
 
     def _chain(self, cursor: _Cursor, want: int) -> tuple[list[int], list[float] | None]:
-        """The chain `cursor`'s match drafts (at most `want` tokens) and its nodes' path
-        probabilities (None unless the automata count occurrences)."""
+        """The chain `cursor`'s match drafts (at most `want` tokens) and, with `count_scores`,
+        its nodes' path probabilities (else None)."""
         if not self.counted:
             return cursor.sam.continuation(cursor.state, want, self.recent), None
         cursor.refresh()  # an extension may have moved the matched strings to a clone
         if self.frequent:
-            return cursor.sam.frequent_continuation(cursor.state, want)
-        chain = cursor.sam.continuation(cursor.state, want, self.recent)
-        probs = cursor.sam.path_probs(cursor.state, chain)
-        # A copied continuation is the stream's text, so every token has its count; if one ever
-        # had none, its nodes keep the last known probability rather than vanish.
-        return chain, probs + [probs[-1] if probs else 1.0] * (len(chain) - len(probs))
+            chain, probs = cursor.sam.frequent_continuation(cursor.state, want)
+        else:
+            chain = cursor.sam.continuation(cursor.state, want, self.recent)
+            probs = cursor.sam.path_probs(cursor.state, chain)
+            # A copied continuation is the stream's text, so every token has its count; if one
+            # ever had none, its nodes keep the last known probability rather than vanish.
+            probs += [probs[-1] if probs else 1.0] * (len(chain) - len(probs))
+        return chain, probs if self.config.count_scores else None
 
     def longest_match(self, request_id: str, max_tokens: int) -> tuple[list[int], int, list[float] | None]:
         """The chain the longest match drafts (at most `max_tokens`, SAM's length rule), the
-        match's length and the chain's path probabilities (None unless counted); ([], length,
+        match's length and the chain's path probabilities (None without `count_scores`); ([], length,
         None) when the match is shorter than `min_match`. For drafters that use SAM as a lexical
         source (GOOSE's `spine='pool'`)."""
         best = self._cursors(self.state(request_id))[0]
