@@ -7,11 +7,14 @@ one curve (the first run's `budget_curve`, or `--curve-from RUN`): the estimated
 method is the sum over its forwards of the curve's cost at that forward's node count. Per method
 and run it prints τ, forwards, mean nodes, the estimated forward seconds, the forward seconds
 the run measured (its verify forwards, `forward_s`) over the estimate, and the tokens per
-estimated second relative to the first run. The measured-over-estimated column says how far the
-curve (the fastest of a few probes) sits below what decoding paid that hour.
+estimated second relative to the first run that served the method. The measured-over-estimated
+column says how far the curve (the fastest of a few probes) sits below what decoding paid that
+hour. With `--base METHOD` a last column gives each row's tokens per estimated second over
+METHOD's in the same run: variants of one method (`oilbird`, `oilbird[spine_occurrence=first]`)
+served side by side in one run compare there.
 
 Usage:
-  .venv/bin/python scripts/estimated_cost.py RUN_A RUN_B [--curve-from RUN]
+  .venv/bin/python scripts/estimated_cost.py RUN_A [RUN_B ...] [--curve-from RUN] [--base METHOD]
 """
 
 from __future__ import annotations
@@ -44,28 +47,39 @@ def priced(records: list[dict], curve: CostCurve) -> dict:
                 seconds=seconds, measured=measured, rate=tokens / seconds)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--curve-from", type=Path, help="the run whose curve prices all (default: the first)")
-    args = parser.parse_args()
-    source = args.curve_from or args.runs[0]
-    curve = CostCurve.from_json(json.loads((source / "summary.json").read_text())["budget_curve"])
-    runs = {run: load_records(run) for run in args.runs}
-    print(f"priced on the curve of {source} ({curve.key})\n")
-    print("| method | run | τ | forwards | mean nodes | est. forward s | measured / est. | tokens / est. s "
-          "| x first run |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for method in runs[args.runs[0]]:
+def table(runs: dict[Path, dict[str, list[dict]]], curve: CostCurve, base: str | None = None) -> list[str]:
+    """The priced rows, one per method and run, methods in the order the runs first serve them."""
+    methods = list(dict.fromkeys(m for records in runs.values() for m in records))
+    head = ("| method | run | τ | forwards | mean nodes | est. forward s | measured / est. "
+            "| tokens / est. s | x first run |" + (f" x {base} |" if base else ""))
+    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if base else "")]
+    for method in methods:
         first = None
         for run, records in runs.items():
             if method not in records:
                 continue
             p = priced(records[method], curve)
             first = first or p["rate"]
-            print(f"| {method} | {run.name} | {p['tau']:.2f} | {p['forwards']} | {p['nodes']:.1f} | "
-                  f"{p['seconds']:.2f} | {p['measured'] / p['seconds']:.3f} | {p['rate']:.1f} | "
-                  f"{p['rate'] / first:.3f} |")
+            line = (f"| {method} | {run.name} | {p['tau']:.2f} | {p['forwards']} | {p['nodes']:.1f} | "
+                    f"{p['seconds']:.2f} | {p['measured'] / p['seconds']:.3f} | {p['rate']:.1f} | "
+                    f"{p['rate'] / first:.3f} |")
+            if base:
+                line += f" {p['rate'] / priced(records[base], curve)['rate']:.3f} |" if base in records else " – |"
+            lines.append(line)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--curve-from", type=Path, help="the run whose curve prices all (default: the first)")
+    parser.add_argument("--base", help="also give each row over this method's rate in the same run")
+    args = parser.parse_args()
+    source = args.curve_from or args.runs[0]
+    curve = CostCurve.from_json(json.loads((source / "summary.json").read_text())["budget_curve"])
+    runs = {run: load_records(run) for run in args.runs}
+    print(f"priced on the curve of {source} ({curve.key})\n")
+    print("\n".join(table(runs, curve, args.base)))
 
 
 if __name__ == "__main__":
