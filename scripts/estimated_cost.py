@@ -9,7 +9,8 @@ and run it prints τ, forwards, mean nodes, the estimated forward seconds, the f
 the run measured (its verify forwards, `forward_s`) over the estimate, and the tokens per
 estimated second relative to the first run that served the method. The measured-over-estimated
 column says how far the curve (the fastest of a few probes) sits below what decoding paid that
-hour. With `--base METHOD` a last column gives each row's tokens per estimated second over
+hour. The drafter column is the drafter's own measured time (propose and observe), which the
+curve does not price: compare it between methods of one run. With `--base METHOD` a last column gives each row's tokens per estimated second over
 METHOD's in the same run: variants of one method (`oilbird`, `oilbird[spine_occurrence=first]`)
 served side by side in one run compare there.
 
@@ -43,16 +44,17 @@ def priced(records: list[dict], curve: CostCurve) -> dict:
     tokens = sum(sum(r["committed_per_forward"]) for r in records)
     seconds = sum(curve.cost(n) for n in nodes)
     measured = sum(r["forward_s"] for r in records)
+    drafter = sum(r.get("propose_s", 0.0) + r.get("observe_s", 0.0) for r in records)
     return dict(tau=tokens / len(nodes), forwards=len(nodes), nodes=sum(nodes) / len(nodes),
-                seconds=seconds, measured=measured, rate=tokens / seconds)
+                seconds=seconds, measured=measured, drafter=drafter, rate=tokens / seconds)
 
 
 def table(runs: dict[Path, dict[str, list[dict]]], curve: CostCurve, base: str | None = None) -> list[str]:
     """The priced rows, one per method and run, methods in the order the runs first serve them."""
     methods = list(dict.fromkeys(m for records in runs.values() for m in records))
-    head = ("| method | run | τ | forwards | mean nodes | est. forward s | measured / est. "
+    head = ("| method | run | τ | forwards | mean nodes | est. forward s | measured / est. | drafter s "
             "| tokens / est. s | x first run |" + (f" x {base} |" if base else ""))
-    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if base else "")]
+    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if base else "")]
     for method in methods:
         first = None
         for run, records in runs.items():
@@ -61,7 +63,7 @@ def table(runs: dict[Path, dict[str, list[dict]]], curve: CostCurve, base: str |
             p = priced(records[method], curve)
             first = first or p["rate"]
             line = (f"| {method} | {run.name} | {p['tau']:.2f} | {p['forwards']} | {p['nodes']:.1f} | "
-                    f"{p['seconds']:.2f} | {p['measured'] / p['seconds']:.3f} | {p['rate']:.1f} | "
+                    f"{p['seconds']:.2f} | {p['measured'] / p['seconds']:.3f} | {p['drafter']:.2f} | {p['rate']:.1f} | "
                     f"{p['rate'] / first:.3f} |")
             if base:
                 line += f" {p['rate'] / priced(records[base], curve)['rate']:.3f} |" if base in records else " – |"

@@ -15,7 +15,8 @@ def write_run(path: Path, methods: dict[str, list[int]]) -> Path:
     """A run whose method serves one request: `nodes` per forward, two tokens committed each."""
     path.mkdir()
     lines = [json.dumps(dict(method=m, nodes_per_forward=nodes, committed_per_forward=[2] * len(nodes),
-                             forward_s=0.1 * len(nodes))) for m, nodes in methods.items()]
+                             forward_s=0.1 * len(nodes), propose_s=0.01, observe_s=0.02))
+             for m, nodes in methods.items()]
     (path / "records.jsonl").write_text("\n".join(lines) + "\n")
     return path
 
@@ -33,3 +34,4 @@ def test_rows_compare_across_runs_and_against_a_base_in_the_same_run(tmp_path):
     assert [c.strip() for c in cells[("oilbird", "b")]] == ["2.000", "1.000"]
     assert [c.strip() for c in cells[("sam", "b")]] == ["1.000", "0.500"]  # a method only run b served
     assert len(rows) == 2 + 4
+    assert all(r.split("|")[8].strip() == "0.03" for r in rows[2:])  # the drafter's own seconds
