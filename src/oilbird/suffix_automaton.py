@@ -183,7 +183,6 @@ class SuffixAutomaton:
         prob, count, first_end = 1.0, self.count, self.first_end
         while len(tokens) < max_tokens and state > 0:
             options = self.next[state]
-            total = sum(count[t] for t in options.values())
             best, best_state = -1, -1
             for token, nxt in options.items():
                 if token >= 0 and (best_state < 0 or count[nxt] > count[best_state]
@@ -191,7 +190,7 @@ class SuffixAutomaton:
                     best, best_state = token, nxt
             if best_state < 0:
                 break
-            prob *= count[best_state] / total
+            prob *= count[best_state] / self._followers(state)
             tokens.append(best)
             probs.append(prob)
             state = best_state
