@@ -55,6 +55,8 @@ def table(runs: dict[Path, dict[str, list[dict]]], curve: CostCurve, base: str |
     head = ("| method | run | τ | forwards | mean nodes | est. forward s | measured / est. | drafter s "
             "| tokens / est. s | x first run |" + (f" x {base} |" if base else ""))
     lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if base else "")]
+    base_rate = {run: priced(records[base], curve)["rate"] for run, records in runs.items()
+                 if base in records} if base else {}
     for method in methods:
         first = None
         for run, records in runs.items():
@@ -66,7 +68,7 @@ def table(runs: dict[Path, dict[str, list[dict]]], curve: CostCurve, base: str |
                     f"{p['seconds']:.2f} | {p['measured'] / p['seconds']:.3f} | {p['drafter']:.2f} | {p['rate']:.1f} | "
                     f"{p['rate'] / first:.3f} |")
             if base:
-                line += f" {p['rate'] / priced(records[base], curve)['rate']:.3f} |" if base in records else " – |"
+                line += f" {p['rate'] / base_rate[run]:.3f} |" if run in base_rate else " – |"
             lines.append(line)
     return lines
 
@@ -80,6 +82,9 @@ def main() -> None:
     source = args.curve_from or args.runs[0]
     curve = CostCurve.from_json(json.loads((source / "summary.json").read_text())["budget_curve"])
     runs = {run: load_records(run) for run in args.runs}
+    if args.base and not any(args.base in records for records in runs.values()):
+        parser.error(f"--base {args.base!r} is served by none of the runs; methods: "
+                     + ", ".join(dict.fromkeys(m for records in runs.values() for m in records)))
     print(f"priced on the curve of {source} ({curve.key})\n")
     print("\n".join(table(runs, curve, args.base)))
 

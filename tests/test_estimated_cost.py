@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
@@ -35,3 +37,12 @@ def test_rows_compare_across_runs_and_against_a_base_in_the_same_run(tmp_path):
     assert [c.strip() for c in cells[("sam", "b")]] == ["1.000", "0.500"]  # a method only run b served
     assert len(rows) == 2 + 4
     assert all(r.split("|")[8].strip() == "0.03" for r in rows[2:])  # the drafter's own seconds
+
+
+def test_a_base_no_run_served_is_refused_with_the_methods_it_could_be(tmp_path, monkeypatch, capsys):
+    run = write_run(tmp_path / "a", {"oilbird": [8], "sam": [1]})
+    (run / "summary.json").write_text(json.dumps({"budget_curve": CostCurve(points={1: 1.0}, key="k").to_json()}))
+    monkeypatch.setattr(sys, "argv", ["estimated_cost.py", str(run), "--base", "suffix"])
+    with pytest.raises(SystemExit):
+        estimated_cost.main()
+    assert "--base 'suffix' is served by none of the runs; methods: oilbird, sam" in capsys.readouterr().err

@@ -87,10 +87,10 @@ class TokenStore:
         """Rough footprint: token lists plus the automaton's per-state containers."""
         per_token = 8 + 28  # list slot + small int (CPython)
         sam = self.sam
-        # link, length, first_end and the transitions dict; last_end and prev_end with
-        # track_recent, count with track_counts
-        lists = 3 + 2 * sam.track_recent + sam.track_counts
-        per_state = lists * 8 + 8 + sys.getsizeof({}) + 28 * 3
+        # list slots: link, length, first_end and the transitions dict; last_end and prev_end
+        # with track_recent, count with track_counts
+        slots = 4 + 2 * sam.track_recent + sam.track_counts
+        per_state = slots * 8 + sys.getsizeof({}) + 28 * 3
         transitions = sum(len(t) for t in sam.next) * 2 * 8 * 2  # key and value slots, dict overhead
         return int(self.num_tokens * per_token + len(sam.tokens) * per_token
                    + sam.num_states * per_state + transitions)
