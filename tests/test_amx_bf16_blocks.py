@@ -99,7 +99,7 @@ def test_an_amx_kernel_without_amx_is_refused_saying_what_to_use(monkeypatch, ke
 
 @needs_tiles
 def test_prefills_run_the_prefill_kernel_and_every_other_forward_the_steps(smol):
-    mixed = smol.tree_model(ForwardConfig(prefill_kernel="bf16"))
+    mixed = smol.tree_model(ForwardConfig(prefill_kernel="bf16", wide_rows=0))
     tiles, fma = smol.tree_model(ForwardConfig(block_kernel="bf16")), smol.tree_model(ForwardConfig(prefill_kernel="same"))
     assert describe_kernels(mixed).startswith("skinny+q4_1,q8_0<=8192+prefill:bf16+fused/")
     assert describe_kernels(mixed, prefill=False) == describe_kernels(fma)  # a cost curve prices no prefill
@@ -113,15 +113,32 @@ def test_prefills_run_the_prefill_kernel_and_every_other_forward_the_steps(smol)
         assert torch.equal(mixed(input_ids=ids).logits, fma(input_ids=ids).logits)
     with pytest.raises(ValueError, match="prefill_kernel"):
         ForwardConfig(prefill_kernel="amx")
-    auto = smol.tree_model(ForwardConfig())  # 'auto': the bfloat16 tiles for prefills where they run
+    auto = smol.tree_model(ForwardConfig(wide_rows=0))  # 'auto': the bfloat16 tiles for prefills where they run
     assert describe_kernels(auto) == describe_kernels(mixed)
     assert describe_kernels(smol.tree_model(ForwardConfig(block_kernel="bf16", prefill_kernel="auto"))) == describe_kernels(tiles)
 
 
 @needs_tiles
+def test_forwards_of_wide_rows_or_more_run_the_prefill_kernel(smol):
+    wide = smol.tree_model(ForwardConfig(prefill_kernel="bf16", wide_rows=8))
+    tiles, fma = smol.tree_model(ForwardConfig(block_kernel="bf16")), smol.tree_model(ForwardConfig(prefill_kernel="same"))
+    # the curve prices trees, so its key names the wide rows' kernel; without a prefill kernel there are none
+    assert describe_kernels(wide, prefill=False).startswith("skinny+q4_1,q8_0<=8192+rows>=8:bf16+fused/")
+    assert describe_kernels(smol.tree_model(ForwardConfig(prefill_kernel="same", wide_rows=8))) == describe_kernels(fma)
+    ids = torch.tensor([smol.encode_text("def fibonacci(n):\n    \"\"\"Return the n-th number." * 4)])
+    with torch.inference_mode():
+        for n in (1, 2, 7):  # one-token steps and small trees: the step's kernel
+            assert torch.equal(wide(input_ids=ids[:, :n]).logits, fma(input_ids=ids[:, :n]).logits), n
+        for n in (8, 17, 40):  # every block layer of a wide forward, the fused MLPs' gate and up included
+            assert torch.equal(wide(input_ids=ids[:, :n]).logits, tiles(input_ids=ids[:, :n]).logits), n
+    with pytest.raises(ValueError, match="wide_rows"):
+        ForwardConfig(wide_rows=-1)
+
+
+@needs_tiles
 @pytest.mark.parametrize("method", ["pld", "oilbird"])
 def test_speculation_after_a_prefill_on_another_kernel_equals_greedy_decoding(smol, api_bank_prompts, method):
-    verifier = TreeVerifier(smol.tree_model(ForwardConfig(prefill_kernel="bf16")), smol.stop_ids)
+    verifier = TreeVerifier(smol.tree_model(ForwardConfig(prefill_kernel="bf16", wide_rows=0)), smol.stop_ids)
     plain = TreeVerifier(smol.tree_model(ForwardConfig(prefill_kernel="same")), smol.stop_ids)
     greedy, drafter = make_drafter("ar"), make_drafter(method)
     for i, ids in enumerate(api_bank_prompts[:3]):
@@ -131,6 +148,23 @@ def test_speculation_after_a_prefill_on_another_kernel_equals_greedy_decoding(sm
         assert got.output_ids == want.output_ids, i
         # the same model: its prompt's last bits are another kernel's, its answer the same here
         assert decode(plain, greedy, ids, config, max_context=smol.max_context).output_ids == want.output_ids, i
+
+
+@needs_tiles
+@pytest.mark.parametrize("method", ["pld", "oilbird"])
+def test_speculation_with_wide_trees_on_the_prefill_kernel_equals_greedy_decoding(smol, api_bank_prompts, method):
+    # Trees of 8 nodes or more round as the tiles do, steps as the float32 kernel does: the same
+    # model, so greedy decoding's tokens, here as in every audited run (docs/RESULTS.md, stop 62).
+    verifier = TreeVerifier(smol.tree_model(ForwardConfig(prefill_kernel="bf16", wide_rows=8)), smol.stop_ids)
+    greedy, drafter = make_drafter("ar"), make_drafter(method)
+    wide = 0
+    for i, ids in enumerate(api_bank_prompts[:3]):
+        config = DecodeConfig(max_new_tokens=32)
+        want = decode(verifier, greedy, ids, config, max_context=smol.max_context, request_id=f"a{i}")
+        got = decode(verifier, drafter, ids, config, max_context=smol.max_context, request_id=f"s{i}")
+        assert got.output_ids == want.output_ids, i
+        wide += sum(n >= 8 for n in got.nodes_per_forward)
+    assert wide, "no tree reached 8 nodes: the prefill kernel verified nothing"
 
 
 @needs_tiles

@@ -36,6 +36,7 @@ keep the step's kernel: speculation stays token-identical to greedy decoding on 
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -146,14 +147,17 @@ class BlockLinear(torch.nn.Module):
         self.kernel_name, self.kernel = kernel, _kernel_call(kernel, plane, self.center, q_max)
         self.prefill_kernel_name, self.switch = kernel, switch
         self._prefill = self.kernel
+        # forwards of at least this many elements (switch.wide_rows rows) run the prefill kernel
+        self._wide_elements = switch.wide_rows * self.in_features if switch and switch.wide_rows else math.inf
         if switch is not None and prefill_kernel not in (None, kernel):
             self.prefill_kernel_name = prefill_kernel
             self._prefill = _kernel_call(prefill_kernel, plane, self.center, q_max)
         self._bias = dense.packed_bias  # [out] float32 or None (out is a multiple of 16: no padding)
 
     def run(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """The block kernel over `packed`: the prefill kernel while `switch` is on, else the step's."""
-        if self.switch is not None and self.switch.on:
+        """The block kernel over `packed`: the prefill kernel while `switch` is on or for a forward
+        of at least its `wide_rows` rows, else the step's."""
+        if self.switch is not None and (self.switch.on or x.numel() >= self._wide_elements):
             return self._prefill(x, packed, bias)
         return self.kernel(x, packed, bias)
 
@@ -169,17 +173,24 @@ class BlockLinear(torch.nn.Module):
 
 
 class PrefillSwitch:
-    """Which forwards of one model are prefills, for its `BlockLinear`s that run another kernel then.
+    """Which forwards of one model run the prefill kernel, for its `BlockLinear`s that have one.
 
-    A prefill computes the prompt's positions and nothing a draft is checked against: a one-token
-    step and a tree forward over the same positions run the step's kernel whatever the switch,
-    so speculation stays token-identical to greedy decoding on the same kernels, and every
-    method (and `ar`) prefills a prompt with the same kernel. The verifier turns it on around its
-    prefills (`prefilling`); a model runs one forward at a time.
+    Two kinds do: prefills, which the verifier marks by turning the switch on around them
+    (`prefilling`), and, where `wide_rows` > 0, every forward of at least `wide_rows` rows (a
+    tree forward of that many nodes). A prefill computes the prompt's positions, and every
+    method (and `ar`) prefills a prompt with the same kernel. A one-token step, and a tree of
+    fewer than `wide_rows` nodes, run the step's kernel. A wide tree's rows thus carry the
+    prefill kernel's last bits, not the step's: another rounding of the same float32 model
+    (`ForwardConfig.wide_rows`), which the harness's audit against `generate()` checks as it
+    checks every kernel. A model runs one forward at a time.
+
+    Args:
+        wide_rows: forwards of at least this many rows run the prefill kernel; 0: prefills only.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wide_rows: int = 0) -> None:
         self.on = False
+        self.wide_rows = wide_rows
 
     @contextmanager
     def prefilling(self):
@@ -259,7 +270,7 @@ def block_layer(module: torch.nn.Module, tensor: tuple[str, object] | None, max_
 
 
 def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: str = "fma",
-              prefill_kernel: str | None = None) -> dict[str, str]:
+              prefill_kernel: str | None = None, wide_rows: int = 0) -> dict[str, str]:
     """Swap `model`'s decoder linear layers and LM head for `BlockLinear` where its GGUF holds them
     in a block type of `oilbird.gguf_blocks.BLOCK_READERS`.
 
@@ -275,6 +286,7 @@ def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: 
         kernel: `BlockLinear`'s kernel, one of `BLOCK_KERNELS`.
         prefill_kernel: the kernel of prefills (`PrefillSwitch`), one of `BLOCK_KERNELS`; None
             or `kernel`: the same as the steps'.
+        wide_rows: forwards of at least this many rows run `prefill_kernel` too (`PrefillSwitch`); 0: none.
 
     Returns:
         module name -> why it kept the float32 kernel, for every such layer not swapped (empty
@@ -290,7 +302,7 @@ def q4_layers(model: torch.nn.Module, gguf: GGUFTensors, max_rows: int, kernel: 
             require_int8()
         if choice == "bf16":
             require_bf16_tiles()
-    switch = PrefillSwitch() if prefill_kernel not in (None, kernel) else None
+    switch = PrefillSwitch(wide_rows) if prefill_kernel not in (None, kernel) else None
     kept = {}
     for i, layer in enumerate(model.model.layers):
         for name, gguf_name in GGUF_NAMES.items():

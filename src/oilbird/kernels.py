@@ -90,6 +90,8 @@ class ForwardConfig:
     """The kernel that reads the GGUF blocks (`q4_rows`): 'fma' rebuilds each float32 weight and gives the float32 kernel's bits (csrc/q4_gemm.cpp); 'int8' (CPUs with AMX and AVX512-VNNI: Intel Xeon since Sapphire Rapids) sums exact int8 parts of the inputs times q on AMX tiles or VNNI dot products (csrc/amx_blocks.cpp); 'bf16' (CPUs with AMX-BF16, the same Xeons) multiplies three exact bfloat16 parts of each input by q on AMX bfloat16 tiles (csrc/amx_bf16_blocks.cpp). 'int8' and 'bf16' give last bits of their own, the same for a row at every row count, so speculation stays token-identical to its own greedy decoding. It changes only layers `q4_rows` puts on blocks. On two Xeon cores, against 'fma': 'int8' 1.00-1.07x the time of SmolLM2's forwards of 1-64 nodes, 1.65x for a 512-token prefill (stop 48); 'bf16' 1.23x the time of SmolLM2's one-node forward, 0.85x for 16 nodes, 0.90x for the prefill: the flattest curve (t(16)/t(1) 1.69 against 2.45), but end to end Oilbird 1.01x and `ar` 0.87x its tokens/s on 'fma' (Qwen2.5-Coder-0.5B: 1.20x, 0.76x, 0.95x; Oilbird 1.01x, `ar` 0.89x; stop 49). 'fma' stays the default (scripts/forward_ab.py, docs/RESULTS.md, issue 15)."""
     prefill_kernel: str = "auto"
     """The block kernel of prefills (the prompt's positions; `PrefillSwitch` in oilbird/gguf_weights.py): 'same' (`block_kernel`'s), one of 'fma', 'int8', 'bf16', or 'auto' ('bf16' where AMX-BF16 runs, else 'same'). Steps and tree forwards keep `block_kernel`, so speculation stays token-identical to greedy decoding on the same kernels, and every method prefills a prompt alike; a prompt position's last bits are the prefill kernel's (a reused prefix keeps the bits it was computed with). On two Xeon cores 'bf16' prefilled prompts of 64-1024 tokens in 0.71-0.80x 'fma''s time (SmolLM2) and 0.82-0.90x (Qwen2.5-Coder-0.5B), and `ar`, `suffix` and Oilbird served API-Bank 1.06-1.10x faster, no output changed (scripts/forward_ab.py --b prefill_kernel=bf16; docs/RESULTS.md, issue 15, stop 50)."""
+    wide_rows: int = 8
+    """Forwards of at least this many rows (tree forwards of that many nodes) also run the prefill kernel, where `prefill_kernel` resolves to one other than `block_kernel`; smaller ones and one-token steps keep `block_kernel`. 0: prefills only. A wide tree's rows then carry the prefill kernel's last bits, not the one-token step's: another rounding of the same float32 model, which the harness's audit checks against `generate()` as it checks every kernel. 8, by measurement: on this Xeon (AMX) the 'bf16' tiles cost 1.10-1.18x 'fma''s verification at 2-4 nodes, 0.95-0.99x at 6-8 and 0.74-0.89x at 16-64 (SmolLM2, one and two threads; docs/RESULTS.md, issue 15, stop 62)."""
     fused: bool = True
     """RMSNorm on one kernel call and a gated MLP's gate and up projections in one GEMM (oilbird/fused_layers.py), where the linear layers run our float32 kernels: the same model in fewer PyTorch calls (a one-token SmolLM2 forward makes ~1,300). The MLP's outputs are bit-identical; the norm's mean of squares is summed in float64, so its outputs differ from transformers' by an ulp now and then. False: transformers' own modules."""
     attention: str = "auto"
@@ -109,6 +111,8 @@ class ForwardConfig:
         if self.prefill_kernel not in ("same", "auto", *BLOCK_KERNELS):
             raise ValueError(f"prefill_kernel must be 'same', 'auto' or one of {', '.join(BLOCK_KERNELS)}, "
                              f"got {self.prefill_kernel!r}")
+        if self.wide_rows < 0:
+            raise ValueError(f"wide_rows must be >= 0 (0: prefills only), got {self.wide_rows}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
 
@@ -205,7 +209,8 @@ class PackedLinear(torch.nn.Module):
 def describe_kernels(model: torch.nn.Module, prefill: bool = True) -> str:
     """'<gemm>/<attention>' of a model, e.g. 'skinny/oilbird_tree' or 'skinny+q4_1,q8_0<=4+fused/oilbird_skinny'
     ('+prefill:bf16' where prefills run another block kernel, unless `prefill` is False: a cost
-    curve, which prices steps and trees only, is keyed without it; for cost-curve keys and records)."""
+    curve, which prices steps and trees only, is keyed without it; '+rows>=8:bf16' where forwards
+    of that many rows run it too, which a curve prices; for cost-curve keys and records)."""
     kinds = {type(m) for m in model.modules()}
     gemm = ("skinny" if SkinnyLinear in kinds else "skinny-bf16" if PairsLinear in kinds
             else "onednn" if PackedLinear in kinds else "default")
@@ -214,8 +219,12 @@ def describe_kernels(model: torch.nn.Module, prefill: bool = True) -> str:
         types = ",".join(sorted({m.block_type.lower() for m in blocks}))
         gemm += f"+{types}<=" + ",".join(map(str, sorted({m.max_rows for m in blocks})))
         gemm += "".join(sorted({":" + m.kernel_name for m in blocks if m.kernel_name != "fma"}))  # ':int8'; 'fma' unnamed as before
+        switched = [m for m in blocks if m.switch is not None]
         if prefill:
-            gemm += "".join(sorted({f"+prefill:{m.prefill_kernel_name}" for m in blocks if m.switch is not None}))
+            gemm += "".join(sorted({f"+prefill:{m.prefill_kernel_name}" for m in switched}))
+        # trees of wide_rows nodes or more on the prefill kernel: part of what a cost curve prices
+        gemm += "".join(sorted({f"+rows>={m.switch.wide_rows}:{m.prefill_kernel_name}"
+                                for m in switched if m.switch.wide_rows}))
     if kinds & {FusedRMSNorm, FusedMLP}:
         gemm += "+fused"
     return f"{gemm}/{model.config._attn_implementation}"
@@ -264,7 +273,8 @@ def tree_model(model: torch.nn.Module, config: ForwardConfig | None = None,
                 fast.set_submodule(name, layer(module))
     if config.q4_rows and gguf and layer is SkinnyLinear and kernels().q4_available():
         try:
-            q4_layers(fast, gguf, config.q4_rows, config.block_kernel, prefill_kernel(config))  # other layers: float32
+            q4_layers(fast, gguf, config.q4_rows, config.block_kernel, prefill_kernel(config),
+                      config.wide_rows)  # other layers: float32
         except ValueError as err:  # 'int8' or 'bf16' where the CPU or OS lacks AMX: say so, do not fall back silently
             raise KernelChoiceError(str(err)) from err
     if config.fused and layer is SkinnyLinear:

@@ -85,7 +85,8 @@ class LoadedModel:
             ValueError: if `config` asks for a kernel this device or dtype cannot run.
         """
         config = config or ForwardConfig()
-        key = (config.gemm, config.attention, config.q4_rows, config.block_kernel, config.prefill_kernel, config.fused)
+        key = (config.gemm, config.attention, config.q4_rows, config.block_kernel, config.prefill_kernel,
+               config.wide_rows, config.fused)
         if key not in self._tree_models:
             if self.gguf and self._gguf_tensors is None:
                 self._gguf_tensors = GGUFTensors(self.gguf)  # read once, when a kernel set first needs it
