@@ -12,7 +12,8 @@ from oilbird.skinny_gemm import kernels as compiled_kernels, skinny_available
 # what 'auto' picks for SmolLM2: our kernels, reading its GGUF's 4-bit blocks where they build for AVX-512 (prefills on
 # the AMX bfloat16 tiles where the CPU has them), norms and MLPs fused
 Q4 = skinny_available()[0] and compiled_kernels().q4_available()
-BLOCKS = "+q4_1,q8_0<=8192" + ("+prefill:bf16" if compiled_kernels().amx_bf16_available() else "") if Q4 else ""
+# (prefills, and trees of 8 nodes or more: ForwardConfig.wide_rows, on the AMX bfloat16 tiles where the CPU has them)
+BLOCKS = "+q4_1,q8_0<=8192" + ("+prefill:bf16+rows>=8:bf16" if compiled_kernels().amx_bf16_available() else "") if Q4 else ""
 FAST = f"skinny{BLOCKS}+fused/oilbird_skinny" if skinny_available()[0] else "onednn/oilbird_tree"
 
 
@@ -106,7 +107,7 @@ def test_bench_prints_its_cost_curve_and_records_its_kernels(capsys, smol, tmp_p
         expected = "default/sdpa" if kernels else FAST
         assert summary["environment"]["kernels"] == expected
         # the curve prices steps and trees only: its key leaves out the prefill kernel
-        assert f"kernels={expected.replace('+prefill:bf16', '')}" in summary["budget_curve"]["key"]
+        assert f"kernels={expected.replace('+prefill:bf16', '')}" in summary["budget_curve"]["key"]  # trees, no prefill
         assert summary["audit_failed"] == []
         # the 'fit' row keeps its estimates' honesty per node shape (scripts/shape_calibration.py)
         assert set(summary["fit_calibration"]) == {"pld@fit"}

@@ -174,6 +174,28 @@ def test_q4_linear_refuses_blocks_that_are_not_its_weight_and_bad_input():
 
 
 @needs_q4
+def test_the_switch_sends_prefills_and_forwards_of_wide_rows_to_the_prefill_kernel():
+    from oilbird.gguf_weights import PrefillSwitch
+
+    q, d, m, weight = random_blocks(32, 64, 7)
+    switch = PrefillSwitch(wide_rows=4)
+    layer = BlockLinear(SkinnyLinear(linear_of(weight)), q, d, m, max_rows=64, switch=switch)
+    calls = []  # which kernel ran, by rows: a recorder stands in for an AMX kernel (any host)
+    layer._prefill = lambda x, packed, bias: calls.append(x.numel() // 64) or layer.kernel(x, packed, bias)
+    with torch.inference_mode():
+        for rows in (1, 3, 4, 9):
+            layer(torch.randn(1, rows, 64))
+        with switch.prefilling():
+            layer(torch.randn(1, 2, 64))
+    assert calls == [4, 9, 2]  # wide forwards and the prefill; the step and a 3-row tree keep the step's kernel
+    off = BlockLinear(SkinnyLinear(linear_of(weight)), q, d, m, max_rows=64, switch=PrefillSwitch())
+    off._prefill = lambda x, packed, bias: calls.append("off") or off.kernel(x, packed, bias)
+    with torch.inference_mode():
+        off(torch.randn(1, 40, 64))  # wide_rows 0: only prefills switch
+    assert calls[-1] == 2
+
+
+@needs_q4
 def test_the_float32_copy_is_packed_only_when_a_forward_needs_it():
     q, d, m, weight = random_blocks(32, 64, 5)
     linear = torch.nn.Linear(64, 32)

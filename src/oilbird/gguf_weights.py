@@ -30,8 +30,10 @@ a one-token step's bits.
 
 Prefills may run another of them (`ForwardConfig.prefill_kernel`): a model's block layers share a
 `PrefillSwitch` that the verifier turns on around its prefills. A prefill computes only the
-prompt's positions, which every method (and `ar`) prefills alike, while steps and tree forwards
-keep the step's kernel: speculation stays token-identical to greedy decoding on the same kernels.
+prompt's positions, which every method (and `ar`) prefills alike. Steps and tree forwards keep
+the step's kernel, except forwards of `ForwardConfig.wide_rows` rows or more, which the switch
+sends to the prefill kernel too, where its tiles cost less: their rows are another rounding of
+the same model, which the audit against `generate()` checks.
 """
 
 from __future__ import annotations

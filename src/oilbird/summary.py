@@ -16,7 +16,8 @@ Contract:
   give their sum, `overhead_share`; their split shares are None.
 - The audit: `lossless` of `audited` requests token-identical to the greedy reference, with each
   divergence; `audit_failures` lists the strict (non-FLy) rows that diverged: a failed run.
-- Against `ar`, the same run's greedy decoding on the same kernels and dtype: `ar_identical` of
+- Against `ar`, the same run's greedy decoding on the same kernels and dtype (trees of
+  `ForwardConfig.wide_rows` nodes or more may run the prefill kernel): `ar_identical` of
   `ar_compared` requests whose output equals `ar`'s, and where the first ones differ
   (`ar_divergences`). The audit compares with transformers' kernels, so where the reference's
   logits tie (bfloat16 ties often) `ar` itself can differ from it; this count says whether

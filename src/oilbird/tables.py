@@ -74,8 +74,9 @@ def ar_identity_lines(rows: list[dict]) -> list[str]:
             first = r["ar_divergences"][0]
             part += f" (first: {first['request_id']}, token {first['position']})"
         parts.append(part)
-    return ["", "Outputs identical to `ar`'s (our own greedy decoding, same kernels and dtype: "
-                "speculation must change none): " + "; ".join(parts)]
+    return ["", "Outputs identical to `ar`'s (our own greedy decoding, same model and dtype, steps on the "
+                "same kernel; trees of --wide-rows nodes or more may round on the prefill kernel): "
+                + "; ".join(parts)]
 
 
 def interval_cell(x) -> str:
