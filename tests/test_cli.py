@@ -12,8 +12,7 @@ from oilbird.skinny_gemm import kernels as compiled_kernels, skinny_available
 # what 'auto' picks for SmolLM2: our kernels, reading its GGUF's 4-bit blocks where they build for AVX-512 (prefills on
 # the AMX bfloat16 tiles where the CPU has them), norms and MLPs fused
 Q4 = skinny_available()[0] and compiled_kernels().q4_available()
-# (prefills, and trees of 8 nodes or more: ForwardConfig.wide_rows, on the AMX bfloat16 tiles where the CPU has them)
-BLOCKS = "+q4_1,q8_0<=8192" + ("+prefill:bf16+rows>=8:bf16" if compiled_kernels().amx_bf16_available() else "") if Q4 else ""
+BLOCKS = "+q4_1,q8_0<=8192" + ("+prefill:bf16" if compiled_kernels().amx_bf16_available() else "") if Q4 else ""
 FAST = f"skinny{BLOCKS}+fused/oilbird_skinny" if skinny_available()[0] else "onednn/oilbird_tree"
 
 

@@ -13,8 +13,7 @@ needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch b
 SKINNY = skinny_available()[0]
 Q4 = SKINNY and kernels().q4_available()  # SmolLM2's GGUF blocks read as they are (oilbird/gguf_weights.py)
 # what 'auto' picks for SmolLM2 (CPU, float32)
-# ForwardConfig.prefill_kernel 'auto', and the trees of wide_rows (8) nodes or more that run it
-PREFILL = "+prefill:bf16+rows>=8:bf16" if Q4 and kernels().amx_bf16_available() else ""
+PREFILL = "+prefill:bf16" if Q4 and kernels().amx_bf16_available() else ""  # ForwardConfig.prefill_kernel 'auto'
 FAST = f"skinny{'+q4_1,q8_0<=8192' + PREFILL if Q4 else ''}+fused/{SKINNY_ATTENTION}" if SKINNY else f"onednn/{TREE_ATTENTION}"
 FAST_LINEAR = SkinnyLinear if SKINNY else PackedLinear
 

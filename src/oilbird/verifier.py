@@ -4,8 +4,7 @@ Contract:
 - `prefill(prompt_ids)` caches the KV of every prompt token but the last; the last prompt token
   becomes the anchor. The prefill therefore commits nothing, and every later forward is a
   verification forward rooted at the anchor (so PLD can draft from the prompt on the first step).
-  Prefills run the model's prefill kernel where it has one (`ForwardConfig.prefill_kernel`), and so
-  do trees of `ForwardConfig.wide_rows` nodes or more.
+  Prefills (and trees of `ForwardConfig.wide_rows` nodes or more) run the model's prefill kernel.
 - `verify(state, tree)` runs one forward over the tree's N nodes against the cache with a 4-D
   additive mask and `position_ids = P + depth`, walks greedily from the root (a child is accepted
   when its token equals the argmax at its parent), appends the bonus token (the argmax at the last
