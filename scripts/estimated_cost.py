@@ -10,8 +10,8 @@ the run measured (its verify forwards, `forward_s`) over the estimate, and the t
 estimated second relative to the first run that served the method. The measured-over-estimated
 column says how far the curve (the fastest of a few probes) sits below what decoding paid that
 hour. The drafter column is the drafter's own measured time (propose and observe), which the
-curve does not price: compare it between methods of one run. With `--base METHOD` a last column gives each row's tokens per estimated second over
-METHOD's in the same run: variants of one method (`oilbird`, `oilbird[spine_occurrence=first]`)
+curve does not price: compare it between methods of one run. With `--base METHOD` a last column
+gives each row's tokens per estimated second over METHOD's in the same run: variants of one method (`oilbird`, `oilbird[spine_occurrence=first]`)
 served side by side in one run compare there.
 
 Usage:

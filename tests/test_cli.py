@@ -106,7 +106,7 @@ def test_bench_prints_its_cost_curve_and_records_its_kernels(capsys, smol, tmp_p
         expected = "default/sdpa" if kernels else FAST
         assert summary["environment"]["kernels"] == expected
         # the curve prices steps and trees only: its key leaves out the prefill kernel
-        assert f"kernels={expected.replace('+prefill:bf16', '')}" in summary["budget_curve"]["key"]  # trees, no prefill
+        assert f"kernels={expected.replace('+prefill:bf16', '')}" in summary["budget_curve"]["key"]
         assert summary["audit_failed"] == []
         # the 'fit' row keeps its estimates' honesty per node shape (scripts/shape_calibration.py)
         assert set(summary["fit_calibration"]) == {"pld@fit"}
