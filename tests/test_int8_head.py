@@ -17,6 +17,8 @@ from test_gguf_weights import k_quant_blocks  # tests/ is on sys.path
 
 VNNI = skinny_available()[0] and kernels().q4_available() and kernels().int8_head_available()
 needs_vnni = pytest.mark.skipif(not VNNI, reason="the int8 head needs our kernels built with AVX512-VNNI")
+TILES = VNNI and kernels().int8_head_tiles_available()
+needs_tiles = pytest.mark.skipif(not TILES, reason="the int8 head's tiles path needs AMX-INT8 (Xeon since Sapphire Rapids)")
 
 
 def q8_0_head(vocab: int, hidden: int, seed: int) -> BlockLinear:
@@ -64,6 +66,50 @@ def test_the_logits_stay_within_their_bound_and_a_row_has_the_same_bits_at_any_r
     for rows in (1, 5, 8, 9):  # passes of other sizes: 13 rows run as 7 + 6, 9 as 5 + 4, 8 as one
         part, part_bracket = kernels().int8_head_logits(x[:rows].contiguous(), int8.packed)
         assert torch.equal(part, logits[:rows]) and torch.equal(part_bracket, bracket[:rows])
+
+
+@needs_tiles
+def test_the_tiles_give_the_vnni_sums_bits_at_every_row_count_and_block_parity():
+    # 7 blocks of 16 tokens: the last runs alone (the tiles take blocks in pairs); 5 groups: the
+    # ring of three stored groups wraps; rows past 16 take a second row tile.
+    head = q8_0_head(112, 160, 8)
+    int8 = Int8Head(head)
+    x = hidden_rows(40, 160, 9)
+    for rows in (1, 2, 3, 15, 16, 17, 33, 40):
+        part = x[:rows].contiguous()
+        u_vnni, b_vnni = kernels().int8_head_logits(part, int8.packed, "vnni")
+        u_tiles, b_tiles = kernels().int8_head_logits(part, int8.packed, "tiles")
+        assert torch.equal(u_tiles, u_vnni) and torch.equal(b_tiles, b_vnni), rows
+    with pytest.raises(RuntimeError, match="unknown kernel 'amx'"):
+        kernels().int8_head_logits(x, int8.packed, "amx")
+
+
+@needs_vnni
+def test_the_head_picks_the_tiles_from_its_row_count_where_they_run(monkeypatch):
+    head = q8_0_head(64, 96, 10)
+    calls = []
+    module = kernels()
+
+    class Recorder:  # stands in for the module: records the kernel each call asks for
+        def __getattr__(self, name):
+            return getattr(module, name)
+
+        def int8_head_logits(self, x, packed, kernel):
+            calls.append((len(x), kernel))
+            return module.int8_head_logits(x, packed, "vnni")
+
+    import oilbird.int8_head as int8_head_module
+    monkeypatch.setattr(int8_head_module, "kernels", lambda: Recorder())
+    monkeypatch.setattr(int8_head_module, "tiles_run", lambda: True)
+    int8 = Int8Head(head, tiles_from=4)
+    for rows in (1, 3, 4, 9):
+        int8.greedy(hidden_rows(rows, 96, 11), 4)
+    assert calls == [(1, "vnni"), (3, "vnni"), (4, "tiles"), (9, "tiles")]
+    calls.clear()
+    Int8Head(head, tiles_from=0).greedy(hidden_rows(9, 96, 11), 4)
+    assert calls == [(9, "vnni")]
+    monkeypatch.setattr(int8_head_module, "tiles_run", lambda: False)  # no AMX here: never asked for
+    assert Int8Head(head, tiles_from=4).tiles_from == 0
 
 
 @needs_vnni

@@ -141,6 +141,8 @@ def test_where_it_applies_and_why_not():
     assert TreeVerifier(tiny_llama(logit_scale=2.0), {0}).head_kind == "model"  # 'auto' falls back
     with pytest.raises(ValueError, match="head must be"):
         VerifierConfig(head="bf16")
+    with pytest.raises(ValueError, match="head_tiles must be >= 0"):
+        VerifierConfig(head_tiles=-1)
 
 
 @needs_kernels

@@ -102,3 +102,15 @@ def test_subtree_renumbers_kept_nodes_and_refuses_an_orphan():
     assert sub.child(2, 4) == 3 and sub.children(1) == [] and list(sub.draft_probs) == [3]
     with pytest.raises(ValueError, match="parent"):
         tree.subtree([c])
+
+
+def test_the_greedy_path_follows_the_argmax_child_until_none_matches():
+    tree = DraftTree.root(5)
+    a = tree.add(0, 7, "pld")  # 1
+    tree.add(0, 8, "tr")  # 2
+    b = tree.add(a, 9, "pld")  # 3
+    tree.add(b, 4, "pld")  # 4
+    preds = [7, 9, 0, 6, 0]  # root -> 7 (node 1) -> 9 (node 3) -> 6: no such child
+    assert tree.greedy_path(preds) == [a, b]
+    assert tree.greedy_path([8, 0, 0, 0, 0]) == [2]
+    assert tree.greedy_path([1, 0, 0, 0, 0]) == []

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from oilbird.budget import BudgetConfig
+from oilbird.int8_head import tiles_run
 from oilbird.kernels import describe_kernels
 from oilbird.skinny_gemm import cpu_info, source_key
 from oilbird.tree import DraftTree
@@ -172,7 +173,10 @@ def cost_curve_key(loaded, verifier, prefix_len: int, threads: int | None = None
     kernels = describe_kernels(verifier.model, prefill=False)  # the curve times no prefill
     if "skinny" in kernels:  # our kernels change with their sources and choice, not with their name
         kernels += f"@{source_key()}:{attention_kernel()}"
-    options = (f"verify:top_k={verifier.config.top_k},kernels={kernels},head={verifier.head_kind},"
+    head = verifier.head_kind
+    if head == "int8" and verifier.config.head_tiles and tiles_run():  # same bits, another cost
+        head += f"+tiles>={verifier.config.head_tiles}"
+    options = (f"verify:top_k={verifier.config.top_k},kernels={kernels},head={head},"
                f"fly={verifier.fly is not None and verifier.fly.entropy}")
     return (f"{Path(loaded.source).name}|{loaded.device}|cpu={host_cpu()}|threads={threads}|prefix={prefix_len}"
             f"|min,warm,rr,mono,copy"

@@ -20,6 +20,9 @@ twice (once for the recomputation, once for the float32 evaluation it stands for
 times 1.01 for the rounding of the norms. So verification stays token-identical to float32
 greedy decoding, and drafters read float32's top-k. The logits `greedy` returns are the
 approximate ones: greedy decoding reads only the top-k.
+
+Where the CPU has AMX-INT8, forwards of `tiles_from` rows or more sum the same int32 groups on
+AMX tiles (csrc/int8_head.cpp): the same bits, less arithmetic per row (`VerifierConfig.head_tiles`).
 """
 
 from __future__ import annotations
@@ -95,10 +98,15 @@ def choose_head(model: torch.nn.Module, want: str) -> str:
     return greedy_head(model, want)
 
 
-def build_head(kind: str, model: torch.nn.Module) -> "Int8Head | CertifiedHead":
-    """The head object of `choose_head`'s 'int8' or 'certified' for `model`."""
+def build_head(kind: str, model: torch.nn.Module, tiles_from: int = 0) -> "Int8Head | CertifiedHead":
+    """The head object of `choose_head`'s 'int8' or 'certified' for `model` (`tiles_from`: `Int8Head`'s)."""
     head = model.get_output_embeddings()
-    return Int8Head(head) if kind == "int8" else CertifiedHead(head)
+    return Int8Head(head, tiles_from) if kind == "int8" else CertifiedHead(head)
+
+
+def tiles_run() -> bool:
+    """Whether the int8 head's AMX tiles path runs here (built with AMX-INT8, tiles granted)."""
+    return bool(kernels()) and kernels().int8_head_tiles_available()
 
 
 class Int8Head:
@@ -108,12 +116,15 @@ class Int8Head:
         head: the model's output embeddings read from Q8_0 blocks (`BlockLinear`); its float32
             weight (kept by the layer) is shared for the recomputation, the packed bytes (1.125
             a weight) are the only new memory.
+        tiles_from: forwards of at least this many rows sum on AMX int8 tiles where they run
+            (`tiles_run`), the others on VNNI dot products; the logits have the same bits either
+            way. 0: never (`VerifierConfig.head_tiles`).
 
     Raises:
         ValueError: if the kernels cannot run here or the head is not Q8_0 blocks.
     """
 
-    def __init__(self, head: BlockLinear) -> None:
+    def __init__(self, head: BlockLinear, tiles_from: int = 0) -> None:
         if not kernels() or not kernels().int8_head_available():
             raise ValueError("the int8 head needs our kernels built with AVX512-VNNI")
         q, d = q8_0_blocks(head)
@@ -126,6 +137,8 @@ class Int8Head:
         self.gamma = self.hidden * 2.0 ** -24 / (1 - self.hidden * 2.0 ** -24)
         self.candidates = 0
         """Tokens computed again in float32 over this head's life (the bound's tightness)."""
+        self.tiles_from = tiles_from if tiles_from > 0 and tiles_run() else 0
+        """Rows from which the logits are summed on AMX tiles; 0: never (not asked for, or no AMX here)."""
 
     def greedy(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Approximate logits and the float32 top-k of each row.
@@ -139,7 +152,8 @@ class Int8Head:
             by the lower id, so ids[:, 0] is the argmax).
         """
         rows = hidden.float().contiguous()  # [N, d]
-        logits, bracket = kernels().int8_head_logits(rows, self.packed)  # [N, V], [N]
+        kernel = "tiles" if self.tiles_from and len(rows) >= self.tiles_from else "vnni"
+        logits, bracket = kernels().int8_head_logits(rows, self.packed, kernel)  # [N, V], [N]
         scale = (bracket + 2 * self.gamma * rows.double().norm(dim=1).float()) * 1.01  # [N]
         values, ids, count = kernels().certified_topk_rows(logits, rows, self.weight, self.norms,
                                                            scale.contiguous(), k)

@@ -132,6 +132,16 @@ class DraftTree:
             node = self.parents[node]
         return path[::-1]
 
+    def greedy_path(self, preds: Sequence[int]) -> list[int]:
+        """Accepted node indices of greedy verification: from the root, follow the child whose
+        token is the target's argmax (`preds[node]`). Siblings are unique per token, so the walk
+        is unambiguous."""
+        path, node = [], 0
+        while (child := self.child(node, preds[node])) is not None:
+            path.append(child)
+            node = child
+        return path
+
     def best_path(self, max_len: int) -> list[int]:
         """The tree's best root-to-leaf path, for engines that verify chains only (e.g. vLLM).
 

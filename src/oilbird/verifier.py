@@ -56,6 +56,8 @@ class VerifierConfig:
     """Top-k token ids exposed per node (the widest consumer, GOOSE's adjacency table, uses 10; Token Recycling reads the first 8)."""
     head: str = "auto"
     """LM head of greedy verification: 'int8' (the GGUF's Q8_0 head on int8 dot products, the inputs rounded to bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/int8_head.py), 'certified' (a bfloat16 copy, half the bytes; each row's float32 top-k and argmax recovered exactly from an error bound, oilbird/lm_head.py), 'model' (the model's own), 'auto' (the model's own where it reads the GGUF's blocks, `BlockLinear`: float32 logits from 1.5 bytes a weight; whole forwards 4-8% faster than on the certified head at 1, 8 and 64 nodes, 1-2% slower at 16, docs/RESULTS.md, issue 15, stop 47; else certified where it applies: float32 on a CPU with our kernels, a supported model type; 'int8' before both where it applies: a Q8_0 head on a CPU with AVX512-VNNI). Sampling and FLy always use the model's."""
+    head_tiles: int = 2
+    """With the 'int8' head: forwards of at least this many rows sum its int8 products on AMX tiles (CPUs with AMX-INT8: Intel Xeon since Sapphire Rapids; csrc/int8_head.cpp) instead of VNNI dot products; the logits have the same bits either way, so it changes speed only. 0: never. On one Xeon thread the tiles took, for the logits alone, 1.04-1.05x the VNNI time at 1-4 rows, 0.93x at 6-8, 0.56-0.73x at 12-16 (SmolLM2, +0.05 ms at 2 rows) and 0.93x at 2, 0.73-0.78x at 3-8, 0.63x at 16 (Qwen2.5-Coder-0.5B, -0.9 ms at 2); whole forwards 0.94-0.96x at 2-16 nodes on Qwen (scripts/int8_head.py --tiles, scripts/forward_ab.py --b head_tiles=1; docs/RESULTS.md, issue 15, stop 63)."""
     harvest_dtype: str = "auto"
     """Dtype of the LM-head pass that harvests the prompt's top-k for drafters (GOOSE, Oilbird): draft material only, never what is verified. 'auto': bfloat16 on a CPU with bfloat16 GEMM (AVX-512 BF16 or AMX; about 3x faster than float32 there), else the model's; 'model': the model's own dtype."""
 
@@ -64,6 +66,8 @@ class VerifierConfig:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.head not in ("auto", "int8", "certified", "model"):
             raise ValueError(f"head must be 'auto', 'int8', 'certified' or 'model', got {self.head!r}")
+        if self.head_tiles < 0:
+            raise ValueError(f"head_tiles must be >= 0 (0: never), got {self.head_tiles}")
         if self.harvest_dtype not in ("auto", "model", "bfloat16", "float32"):
             raise ValueError(f"harvest_dtype must be 'auto', 'model', 'bfloat16' or 'float32', got {self.harvest_dtype!r}")
 
@@ -357,7 +361,7 @@ class TreeVerifier:
             logits = out.logits[0]  # [N, V]
             return (out, logits, *top_k_and_argmax(logits, self.config.top_k))
         if self._head is None:
-            self._head = build_head(self.head_kind, self.model)
+            self._head = build_head(self.head_kind, self.model, self.config.head_tiles)
         out = self.model.get_decoder()(**inputs)
         final = out.last_hidden_state[0]  # [N, hidden], after the final norm
         logits, topk_logits, topk_ids = self._head.greedy(final, self.config.top_k)  # [N, V] approximate; [N, k] float32's
@@ -380,21 +384,8 @@ class TreeVerifier:
             path, bonus = sample_walk(tree, dist, sampler)
             return path, [], bonus, dist
         if self.fly is None:
-            return greedy_walk(tree, preds), [], None, None
+            return tree.greedy_path(preds), [], None, None
         entropies = entropy(logits, self.fly.entropy).tolist()
         path, forgiven = fly_walk(tree, preds, entropies, self.fly)
         return path, forgiven, None, None
 
-
-def greedy_walk(tree: DraftTree, preds: list[int]) -> list[int]:
-    """Accepted node indices: from the root, follow the child whose token is the argmax.
-
-    Siblings are unique per token (DraftTree de-duplicates), so the walk is unambiguous.
-    """
-    path, node = [], 0
-    while True:
-        child = tree.child(node, preds[node])
-        if child is None:
-            return path
-        path.append(child)
-        node = child

@@ -36,8 +36,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> certified_topk_rows(
     const torch::Tensor& s, int64_t k);  // certified_topk.cpp
 bool int8_head_available();                                                       // int8_head.cpp
 torch::Tensor pack_int8_head(const torch::Tensor& q, const torch::Tensor& d);    // int8_head.cpp
-std::tuple<torch::Tensor, torch::Tensor> int8_head_logits(const torch::Tensor& x,
-                                                          const torch::Tensor& packed);  // int8_head.cpp
+std::tuple<torch::Tensor, torch::Tensor> int8_head_logits(const torch::Tensor& x, const torch::Tensor& packed,
+                                                          const std::string& kernel);  // int8_head.cpp
+bool int8_head_tiles_available();                                                // int8_head.cpp
 bool bf16_dot_available();                                                        // bf16_dot_gemm.cpp
 torch::Tensor pack_pairs(const torch::Tensor& w);                                 // bf16_dot_gemm.cpp
 torch::Tensor linear_pairs(const torch::Tensor& x, const torch::Tensor& packed);  // bf16_dot_gemm.cpp
@@ -112,7 +113,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "float32 top-k of each row from approximate logits and each row's own bound scale");
   m.def("int8_head_available", &int8_head_available, "whether the AVX512-VNNI LM head over Q8_0 blocks was built");
   m.def("pack_int8_head", &pack_int8_head, "pack Q8_0 blocks (q + 128 [V, K] uint8, d [V, K/32] float32) into [V/16, K/32, 576]");
-  m.def("int8_head_logits", &int8_head_logits, "approximate logits of float32 rows rounded to bytes, and each row's error bracket");
+  m.def("int8_head_logits", &int8_head_logits, "approximate logits of float32 rows rounded to bytes, and each row's error bracket",
+        py::arg("x"), py::arg("packed"), py::arg("kernel") = "vnni");
+  m.def("int8_head_tiles_available", &int8_head_tiles_available,
+        "whether the int8 head's AMX tiles path was built and the OS granted its tiles");
   m.def("bf16_dot_available", &bf16_dot_available, "whether the AVX512_BF16 GEMM was built");
   m.def("pack_pairs", &pack_pairs, "pack a [N, K] bfloat16 weight into [N/16, K/2, 32] input pairs");
   m.def("key_topk", &key_topk, "cosine top-k of a query over float16 key rows [start, stop)");
